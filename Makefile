@@ -1,0 +1,50 @@
+# One command sets up and runs the demo (`make run`); one sets up and runs the tests (`make test`).
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(VENV)/bin/pip
+STAMP   = $(VENV)/.installed
+
+.PHONY: run test lint typecheck fmt venv simulate bench lock clean
+
+venv: $(STAMP)
+
+# First time only: a venv from the repo's own pins (torch CPU wheel, torchrec without its
+# CUDA-only dependency, then the project with every extra).
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	$(PIP) install -q --no-deps torchrec==1.8.0
+	$(PIP) install -q -c constraints.txt -e ".[all,dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/dlrover-rm demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -q
+
+simulate: $(STAMP)
+	$(PY) benchmarks/simulate_paper_table.py --jobs 1000 --json benchmarks/results/simulate.json
+
+lock:
+	rm -rf /tmp/dlrover-rm-lock && $(PYTHON) -m venv /tmp/dlrover-rm-lock
+	/tmp/dlrover-rm-lock/bin/pip install -q torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	/tmp/dlrover-rm-lock/bin/pip install -q -e ".[all,dev]"
+	/tmp/dlrover-rm-lock/bin/pip freeze | grep -v -i -E "^(-e|torchrec|dlrover-rm)" > constraints.txt.new
+	@echo "review and move constraints.txt.new to constraints.txt"
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

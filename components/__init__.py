@@ -1,0 +1,1 @@
+"""Kubeflow Pipelines components (thin shells over dlrover_core.api)."""

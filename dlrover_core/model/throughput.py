@@ -1,0 +1,520 @@
+"""Throughput models: iteration time linear in non-negative coefficients, fitted by NNLS.
+
+Two strategies share one implementation (:class:`_LinearThroughputModel`):
+
+* :class:`PSThroughputModel` — asynchronous parameter-server training (DOMAIN.md)::
+
+      T_iter(w, p, λw, λp) = a0 + a1·B/λw + b1·(w/p)·B/λp + b2·(w/p)·B + b3·p
+      X = w·B / T_iter                                   (samples/s)
+
+  ``a0`` fixed per-step overhead, ``a1`` worker compute (B samples on λw cores), ``b1`` PS
+  compute (each PS serves w/p workers' B-row lookups/updates on λp cores), ``b2`` PS network
+  (bytes ∝ w/p·B, not helped by CPU), ``b3`` per-PS fan-out cost (one RPC per PS per step).
+
+* :class:`AllReduceThroughputModel` — synchronous all-reduce (no PS)::
+
+      T_iter(w, λw) = a0 + a1·B/λw + c1·(w-1)/w + c2·(w-1)
+
+  A ring all-reduce of M bytes costs 2·(w-1)/w·M/bandwidth + 2·(w-1)·alpha (alpha: per-hop latency);
+  M and the bandwidth are constants of a job, so they fold into ``c1``; ``c2`` is the latency
+  term. Both vanish for w = 1, as they should.
+
+Design choices (recorded here, as DESIGN.md asks):
+
+* Repeated samples of one configuration are kept as separate rows: replicates measure noise,
+  which the bounds need. Identifiability counts *distinct* configurations (w, p, λw, λp).
+* Rows are weighted by 1/T_iter (each row and its target divided by the measured T_iter), so
+  NNLS minimises Σ((T̂ - T)/T)²: the squared *relative* error. Since X̂/X - 1 ≈ -(T̂ - T)/T,
+  this is (to first order) the squared relative throughput error, the quantity MAPE and the
+  planner care about; unweighted, configurations with long iterations (few cores) dominate
+  the fit and small, fast configurations get large relative errors.
+* Bounds: sigma = relative residual std (Σr²/dof, dof = rows - active coefficients); the
+  prediction's relative standard error is sigma·sqrt(1 + h) with h the leverage of the new point
+  (extrapolation widens the band); the band is X·exp(∓t·se), with t the Student-t 97.5 %
+  quantile for dof (≈2 for many rows, larger for few: "widened when few degrees of
+  freedom"). With dof = 0 there is no residual information, so sigma falls back to the
+  ``prior_rel_std`` parameter. An exact fit has sigma = 0 and the band collapses onto X.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import nnls
+from scipy.stats import t as student_t
+
+from dlrover_core.errors import InputError, NotFittedError, TooFewSamplesError
+from dlrover_core.types import Sample
+
+FloatArray = npt.NDArray[np.float64]
+
+_T_FLOOR = 1e-12  # seconds; guards a zero predicted iteration time (infinite throughput)
+_PROFILE_HINT = "profile more configurations, e.g. `dlrover-rm profile --spec SPEC`"
+
+
+@dataclass(frozen=True)
+class ThroughputPrediction:
+    """Predicted samples/s with a ~95 % band (VPA-style target / lower / upper)."""
+
+    throughput_sps: float
+    lower_sps: float
+    upper_sps: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "throughput_sps": self.throughput_sps,
+            "lower_sps": self.lower_sps,
+            "upper_sps": self.upper_sps,
+        }
+
+
+ConfigKey = tuple[int, int, float, float]
+
+
+class _LinearThroughputModel:
+    """Shared machinery; subclasses define the features of T_iter."""
+
+    kind: ClassVar[str] = ""
+    feature_names: ClassVar[tuple[str, ...]] = ()
+    min_configs: ClassVar[int] = 0
+    uses_ps: ClassVar[bool] = True
+
+    def __init__(self, *, batch_size: int = 512, prior_rel_std: float = 0.25) -> None:
+        self.batch_size = batch_size
+        self.prior_rel_std = prior_rel_std
+
+    # ----------------------------------------------------------------- features (subclass)
+    def _features(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: FloatArray
+    ) -> FloatArray:
+        raise NotImplementedError
+
+    def _features_scalar(
+        self, w: float, p: float, lw: float, lp: float, b: float
+    ) -> tuple[float, ...]:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- checks
+    @classmethod
+    def _config_problems(cls, w: float, p: float, lw: float, lp: float) -> list[str]:
+        out: list[str] = []
+        if not (math.isfinite(w) and w >= 1 and float(w).is_integer()):
+            out.append(f"workers={w!r} must be a whole number >= 1")
+        if not math.isfinite(lw) or lw <= 0:
+            out.append(f"worker_cpu={lw!r} must be > 0 cores")
+        if cls.uses_ps:
+            if not (math.isfinite(p) and p >= 1 and float(p).is_integer()):
+                out.append(f"ps={p!r} must be a whole number >= 1 for the PS strategy")
+            if not math.isfinite(lp) or lp <= 0:
+                out.append(f"ps_cpu={lp!r} must be > 0 cores for the PS strategy")
+        return out
+
+    def _config_key(self, s: Sample) -> ConfigKey:
+        if self.uses_ps:
+            return s.config
+        return (s.workers, 0, s.worker_cpu_cores, 0.0)
+
+    @classmethod
+    def count_configs(cls, samples: Sequence[Sample]) -> int:
+        """Distinct configurations among ``samples`` (for all-reduce: distinct (w, λw))."""
+        if cls.uses_ps:
+            return len({s.config for s in samples})
+        return len({(s.workers, s.worker_cpu_cores) for s in samples})
+
+    def _validate(self, samples: Sequence[Sample]) -> None:
+        problems: list[str] = []
+        for i, s in enumerate(samples):
+            row = self._config_problems(s.workers, s.ps, s.worker_cpu_cores, s.ps_cpu_cores)
+            if not math.isfinite(s.throughput_sps) or s.throughput_sps <= 0:
+                row.append(f"throughput={s.throughput_sps!r} must be > 0 samples/s")
+            if s.batch_size is not None and s.batch_size <= 0:
+                row.append(f"batch_size={s.batch_size!r} must be > 0")
+            problems.extend(f"sample {i}: {msg}" for msg in row)
+        if problems:
+            raise InputError(
+                f"{len(problems)} problem(s) in the samples given to {type(self).__name__}.fit; "
+                "drop or fix these rows (a window with no progress is not a steady sample)",
+                problems=problems,
+            )
+
+    def _design(self, samples: Sequence[Sample]) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Returns (features F, batch sizes B, measured T_iter)."""
+        arr = np.array(
+            [
+                (
+                    s.workers,
+                    s.ps,
+                    s.worker_cpu_cores,
+                    s.ps_cpu_cores,
+                    float(s.batch_size if s.batch_size is not None else self.batch_size),
+                    s.throughput_sps,
+                )
+                for s in samples
+            ],
+            dtype=np.float64,
+        ).reshape(-1, 6)
+        w, p, lw, lp, b, x = (arr[:, j] for j in range(6))
+        feats = self._features(w, p, lw, lp, b)
+        return feats, b, w * b / x
+
+    def _identifiability_problem(self, samples: Sequence[Sample]) -> str | None:
+        n_cfg = self.count_configs(samples)
+        k = len(self.feature_names)
+        what = "(w, p, λw, λp)" if self.uses_ps else "(w, λw)"
+        if n_cfg < self.min_configs:
+            return (
+                f"{type(self).__name__} needs at least {self.min_configs} distinct {what} "
+                f"configurations to fit its {k} coefficients, got {n_cfg} "
+                f"(from {len(samples)} samples); {_PROFILE_HINT}"
+            )
+        feats, _, t_meas = self._design(samples)
+        a = feats / t_meas[:, None]
+        norms = np.linalg.norm(a, axis=0)
+        norms[norms == 0] = 1.0
+        rank = int(np.linalg.matrix_rank(a / norms, tol=1e-9))
+        if rank < k:
+            fixed = self._constant_inputs(samples)
+            hint = f" ({', '.join(fixed)} never changed)" if fixed else ""
+            return (
+                f"the {n_cfg} distinct {what} configurations do not vary enough to identify "
+                f"the {k} coefficients (rank {rank} < {k}){hint}; {_PROFILE_HINT} that also "
+                "vary the worker count" + (", PS count" if self.uses_ps else "") + " and CPUs"
+            )
+        return None
+
+    def _constant_inputs(self, samples: Sequence[Sample]) -> list[str]:
+        cols: list[tuple[str, set[float]]] = [
+            ("workers", {float(s.workers) for s in samples}),
+            ("worker_cpu", {s.worker_cpu_cores for s in samples}),
+        ]
+        if self.uses_ps:
+            cols += [
+                ("ps", {float(s.ps) for s in samples}),
+                ("ps_cpu", {s.ps_cpu_cores for s in samples}),
+            ]
+        return [name for name, vals in cols if len(vals) <= 1]
+
+    def is_identifiable(self, samples: Sequence[Sample]) -> bool:
+        """True when ``fit(samples)`` would not raise :class:`TooFewSamplesError`
+        (enough distinct configurations, varied enough to pin every coefficient)."""
+        try:
+            self._validate(list(samples))
+        except InputError:
+            return False
+        return self._identifiability_problem(samples) is None
+
+    # ----------------------------------------------------------------- fit
+    def fit(self, samples: Sequence[Sample]) -> Self:
+        samples = list(samples)
+        self._validate(samples)
+        problem = self._identifiability_problem(samples)
+        if problem is not None:
+            raise TooFewSamplesError(problem)
+        feats, b, t_meas = self._design(samples)
+        k = feats.shape[1]
+        # relative weighting (see module docstring): row i and its target divided by T_i
+        a = feats / t_meas[:, None]
+        y = np.ones(len(t_meas))
+        scale = np.linalg.norm(a, axis=0)  # column scaling: conditioning for NNLS
+        scale[scale == 0] = 1.0
+        sol, _ = nnls(a / scale, y, maxiter=50 * k)
+        coef = sol / scale
+        resid = a @ coef - y  # (T̂ - T)/T
+        active = coef > 0
+        n_active = int(active.sum())
+        dof = len(y) - n_active
+        if dof > 0:
+            sigma = float(np.sqrt(np.sum(resid**2) / dof))
+            z = float(student_t.ppf(0.975, dof))
+        else:
+            sigma = float(self.prior_rel_std)
+            z = 2.0
+        cov = np.zeros((k, k))
+        if n_active:
+            a_act = a[:, active]
+            cov[np.ix_(active, active)] = np.linalg.pinv(a_act.T @ a_act)
+        x_hat = 1.0 / np.maximum(a @ coef, _T_FLOOR)  # X̂/X = T/T̂
+        self.coef_array_ = coef
+        self.cov_ = cov
+        self.rel_std_ = sigma
+        self.z_ = z
+        self.dof_ = dof
+        self.n_samples_ = len(samples)
+        self.n_configs_ = self.count_configs(samples)
+        self.relative_error_ = float(np.mean(np.abs(x_hat - 1.0)))
+        self.default_batch_size_ = int(Counter(b.astype(int).tolist()).most_common(1)[0][0])
+        self._cache()
+        return self
+
+    def _cache(self) -> None:
+        self._coef_t = tuple(float(c) for c in self.coef_array_)
+        self._cov_t = tuple(tuple(float(v) for v in row) for row in self.cov_)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "coef_array_"):
+            raise NotFittedError(
+                f"{type(self).__name__} is not fitted; call fit(samples) first or load a "
+                "fitted model with model_from_dict(...)"
+            )
+
+    @property
+    def coef_(self) -> dict[str, float]:
+        self._check_fitted()
+        return dict(zip(self.feature_names, self._coef_t, strict=True))
+
+    def trustworthy(self, max_rel_error: float = 0.15) -> bool:
+        """Fitted, with residual degrees of freedom and a training MAPE within bounds."""
+        if not hasattr(self, "coef_array_"):
+            return False
+        return self.dof_ > 0 and self.relative_error_ <= max_rel_error
+
+    # ----------------------------------------------------------------- predict
+    def predict(
+        self,
+        workers: int,
+        ps: int,
+        worker_cpu_cores: float,
+        ps_cpu_cores: float,
+        batch_size: int | None = None,
+    ) -> ThroughputPrediction:
+        """Throughput of one configuration, with a ~95 % band (pure Python: a few µs)."""
+        self._check_fitted()
+        problems = self._config_problems(workers, ps, worker_cpu_cores, ps_cpu_cores)
+        bsz = float(self.default_batch_size_ if batch_size is None else batch_size)
+        if not bsz > 0:
+            problems.append(f"batch_size={batch_size!r} must be > 0")
+        if problems:
+            raise InputError("cannot predict this configuration", problems=problems)
+        f = self._features_scalar(workers, ps, worker_cpu_cores, ps_cpu_cores, bsz)
+        t_hat = max(sum(c * x for c, x in zip(self._coef_t, f, strict=True)), _T_FLOOR)
+        x_sps = workers * bsz / t_hat
+        q = 0.0
+        for fi, row in zip(f, self._cov_t, strict=True):
+            if fi:
+                q += fi * sum(cij * fj for cij, fj in zip(row, f, strict=True))
+        se = self.rel_std_ * math.sqrt(1.0 + max(q, 0.0) / (t_hat * t_hat))
+        half = self.z_ * se
+        return ThroughputPrediction(x_sps, x_sps * math.exp(-half), x_sps * math.exp(half))
+
+    def _unpack(self, configs: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+        cfg = np.asarray(configs, dtype=np.float64)
+        if cfg.ndim == 1:
+            cfg = cfg.reshape(1, -1)
+        if cfg.ndim != 2 or cfg.shape[1] not in (4, 5):
+            raise InputError(
+                f"configs must have shape (n, 4) [workers, ps, worker_cpu, ps_cpu] or (n, 5) "
+                f"[... , batch_size], got {cfg.shape}"
+            )
+        w, p, lw, lp = cfg[:, 0], cfg[:, 1], cfg[:, 2], cfg[:, 3]
+        b = np.full(len(cfg), float(self.default_batch_size_))
+        if cfg.shape[1] == 5:
+            b = np.where(np.isnan(cfg[:, 4]), b, cfg[:, 4])
+        bad = ~(np.isfinite(w) & (w >= 1) & np.isfinite(lw) & (lw > 0) & (b > 0))
+        if self.uses_ps:
+            bad |= ~(np.isfinite(p) & (p >= 1) & np.isfinite(lp) & (lp > 0))
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            raise InputError(
+                f"{len(rows)} config row(s) cannot be predicted: workers must be >= 1, CPUs > 0"
+                + (", ps >= 1" if self.uses_ps else "")
+                + "; fix these rows",
+                problems=[f"row {int(i)}: {cfg[i].tolist()}" for i in rows[:20]],
+            )
+        feats = self._features(w, p, lw, lp, b)
+        t_hat = np.maximum(feats @ self.coef_array_, _T_FLOOR)
+        return feats, w * b / t_hat
+
+    def predict_many(self, configs: npt.ArrayLike) -> FloatArray:
+        """Vectorised throughput (samples/s) for rows [workers, ps, worker_cpu, ps_cpu
+        (, batch_size)]; a NaN batch size means the model's default."""
+        self._check_fitted()
+        return self._unpack(configs)[1]
+
+    def predict_bounds_many(
+        self, configs: npt.ArrayLike
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Vectorised (throughput, lower, upper) in samples/s."""
+        self._check_fitted()
+        feats, x_sps = self._unpack(configs)
+        t_hat = np.maximum(feats @ self.coef_array_, _T_FLOOR)
+        q = np.einsum("ij,jk,ik->i", feats, self.cov_, feats) / (t_hat * t_hat)
+        half = self.z_ * self.rel_std_ * np.sqrt(1.0 + np.maximum(q, 0.0))
+        return x_sps, x_sps * np.exp(-half), x_sps * np.exp(half)
+
+    # ----------------------------------------------------------------- (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "kind": self.kind,
+            "version": 1,
+            "params": {"batch_size": self.batch_size, "prior_rel_std": self.prior_rel_std},
+            "fitted": None,
+        }
+        if hasattr(self, "coef_array_"):
+            d["fitted"] = {
+                "coef": self.coef_,
+                "cov": self.cov_.tolist(),
+                "rel_std": self.rel_std_,
+                "z": self.z_,
+                "dof": self.dof_,
+                "n_samples": self.n_samples_,
+                "n_configs": self.n_configs_,
+                "relative_error": self.relative_error_,
+                "default_batch_size": self.default_batch_size_,
+            }
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Self:
+        if d.get("kind") != cls.kind:
+            raise InputError(
+                f"model kind {d.get('kind')!r} is not {cls.kind!r}; "
+                "load it with model_from_dict(...) or refit with `dlrover-rm model fit`"
+            )
+        try:
+            params = d.get("params", {})
+            model = cls(
+                batch_size=int(params.get("batch_size", 512)),
+                prior_rel_std=float(params.get("prior_rel_std", 0.25)),
+            )
+            fitted = d.get("fitted")
+            if fitted is not None:
+                model.coef_array_ = np.array(
+                    [float(fitted["coef"][n]) for n in cls.feature_names], dtype=np.float64
+                )
+                model.cov_ = np.array(fitted["cov"], dtype=np.float64).reshape(
+                    len(cls.feature_names), len(cls.feature_names)
+                )
+                model.rel_std_ = float(fitted["rel_std"])
+                model.z_ = float(fitted["z"])
+                model.dof_ = int(fitted["dof"])
+                model.n_samples_ = int(fitted["n_samples"])
+                model.n_configs_ = int(fitted["n_configs"])
+                model.relative_error_ = float(fitted["relative_error"])
+                model.default_batch_size_ = int(fitted["default_batch_size"])
+                model._cache()
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"malformed {cls.kind} model document ({type(exc).__name__}: {exc}); "
+                "refit it with `dlrover-rm model fit`"
+            ) from exc
+        return model
+
+    def __repr__(self) -> str:
+        state = (
+            ", ".join(f"{k}={v:.4g}" for k, v in self.coef_.items())
+            if hasattr(self, "coef_array_")
+            else "unfitted"
+        )
+        return f"{type(self).__name__}(batch_size={self.batch_size}; {state})"
+
+
+class PSThroughputModel(_LinearThroughputModel):
+    """Asynchronous parameter-server throughput: see the module docstring for the form."""
+
+    kind: ClassVar[str] = "ps_throughput"
+    feature_names: ClassVar[tuple[str, ...]] = ("a0", "a1", "b1", "b2", "b3")
+    min_configs: ClassVar[int] = 5
+    uses_ps: ClassVar[bool] = True
+
+    def _features(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: FloatArray
+    ) -> FloatArray:
+        wpb = w / p * b
+        return np.stack([np.ones_like(w), b / lw, wpb / lp, wpb, p], axis=1)
+
+    def _features_scalar(
+        self, w: float, p: float, lw: float, lp: float, b: float
+    ) -> tuple[float, ...]:
+        wpb = w / p * b
+        return (1.0, b / lw, wpb / lp, wpb, float(p))
+
+
+class PSExtendedThroughputModel(PSThroughputModel):
+    """The PS form plus ``b4·B/λp``: a step's own PS service time when no other worker
+    contends (the light-load limit of a queueing PS; the paper form only has the saturated
+    ``(w/p)·B/λp`` term). On a closed-queueing (MVA) truth it halves held-out MAPE (see
+    tests/model/test_throughput.py) at the cost of one more coefficient (6 configurations)."""
+
+    kind: ClassVar[str] = "ps_extended_throughput"
+    feature_names: ClassVar[tuple[str, ...]] = ("a0", "a1", "b1", "b2", "b3", "b4")
+    min_configs: ClassVar[int] = 6
+
+    def _features(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: FloatArray
+    ) -> FloatArray:
+        wpb = w / p * b
+        return np.stack([np.ones_like(w), b / lw, wpb / lp, wpb, p, b / lp], axis=1)
+
+    def _features_scalar(
+        self, w: float, p: float, lw: float, lp: float, b: float
+    ) -> tuple[float, ...]:
+        wpb = w / p * b
+        return (1.0, b / lw, wpb / lp, wpb, float(p), b / lp)
+
+
+class AllReduceThroughputModel(_LinearThroughputModel):
+    """Synchronous all-reduce throughput (no PS; ``ps`` / ``ps_cpu`` are ignored, 0 allowed)."""
+
+    kind: ClassVar[str] = "allreduce_throughput"
+    feature_names: ClassVar[tuple[str, ...]] = ("a0", "a1", "c1", "c2")
+    min_configs: ClassVar[int] = 4
+    uses_ps: ClassVar[bool] = False
+
+    def _features(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: FloatArray
+    ) -> FloatArray:
+        return np.stack([np.ones_like(w), b / lw, (w - 1.0) / w, w - 1.0], axis=1)
+
+    def _features_scalar(
+        self, w: float, p: float, lw: float, lp: float, b: float
+    ) -> tuple[float, ...]:
+        return (1.0, b / lw, (w - 1.0) / w, w - 1.0)
+
+
+ThroughputModel = PSThroughputModel | AllReduceThroughputModel
+ModelClass = type[PSThroughputModel] | type[AllReduceThroughputModel]
+
+_KINDS: dict[str, ModelClass] = {
+    PSThroughputModel.kind: PSThroughputModel,
+    PSExtendedThroughputModel.kind: PSExtendedThroughputModel,
+    AllReduceThroughputModel.kind: AllReduceThroughputModel,
+}
+_STRATEGIES: dict[str, ModelClass] = {
+    "ps": PSThroughputModel,
+    "parameter_server": PSThroughputModel,
+    "ps_extended": PSExtendedThroughputModel,
+    "allreduce": AllReduceThroughputModel,
+    "all_reduce": AllReduceThroughputModel,
+    "all-reduce": AllReduceThroughputModel,
+}
+
+
+def model_from_dict(d: Mapping[str, Any]) -> ThroughputModel:
+    """Load any throughput model written by ``to_dict`` (dispatch on its ``kind``)."""
+    kind = d.get("kind") if isinstance(d, Mapping) else None
+    cls = _KINDS.get(str(kind))
+    if cls is None:
+        raise InputError(
+            f"unknown throughput model kind {kind!r}; expected one of {sorted(_KINDS)}. "
+            "Was the file written by `dlrover-rm model fit`?"
+        )
+    return cls.from_dict(d)
+
+
+def fit_throughput_model(
+    samples: Sequence[Sample], strategy: str = "ps", *, batch_size: int = 512
+) -> ThroughputModel:
+    """Fit the model for ``strategy`` ("ps", "ps_extended" or "allreduce") to ``samples``."""
+    cls = _STRATEGIES.get(strategy.lower())
+    if cls is None:
+        raise InputError(
+            f"unknown strategy {strategy!r}; use 'ps' (parameter server), 'ps_extended' "
+            "(PS form with a light-load PS term) or 'allreduce'"
+        )
+    return cls(batch_size=batch_size).fit(samples)

@@ -1,0 +1,118 @@
+"""What a plan may be: the user's pins and min/max, the quota, the smallest node."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dlrover_core.spec import MIN_NODE, JobSpec, RoleConstraints
+from dlrover_core.types import NodeResources, Role, RolePlan
+
+
+@dataclass(frozen=True)
+class RoleBounds:
+    min_count: int
+    max_count: int
+    pinned_count: int | None
+    pinned_cpu_millicores: int | None
+    pinned_memory_mib: int | None
+    max_cpu_millicores: int
+    max_memory_mib: int
+
+    @classmethod
+    def from_constraints(cls, c: RoleConstraints, min_count: int, max_count: int) -> RoleBounds:
+        return cls(
+            min_count=min_count,
+            max_count=max_count,
+            pinned_count=c.count,
+            pinned_cpu_millicores=c.cpu_millicores,
+            pinned_memory_mib=c.memory_mib,
+            max_cpu_millicores=c.max_cpu_millicores,
+            max_memory_mib=c.max_memory_mib,
+        )
+
+    def count(self, n: int) -> int:
+        if self.pinned_count is not None:
+            return self.pinned_count
+        return max(self.min_count, min(self.max_count, n))
+
+    def cpu(self, millicores: int) -> int:
+        if self.pinned_cpu_millicores is not None:
+            return self.pinned_cpu_millicores
+        return max(MIN_NODE.cpu_millicores, min(self.max_cpu_millicores, millicores))
+
+    def memory(self, mib: int) -> int:
+        if self.pinned_memory_mib is not None:
+            return self.pinned_memory_mib
+        return max(MIN_NODE.memory_mib, min(self.max_memory_mib, mib))
+
+    def clamp(self, rp: RolePlan) -> RolePlan:
+        r = rp.resources
+        return RolePlan(
+            self.count(rp.count),
+            NodeResources(self.cpu(r.cpu_millicores), self.memory(r.memory_mib)),
+        )
+
+    @property
+    def count_fixed(self) -> bool:
+        return self.pinned_count is not None or self.min_count == self.max_count
+
+
+@dataclass(frozen=True)
+class JobBounds:
+    workers: RoleBounds
+    ps: RoleBounds
+    quota: NodeResources
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> JobBounds:
+        c = spec.constraints
+        ps_max = 0 if spec.strategy == "allreduce" else max(c.ps.max, spec.min_ps)
+        return cls(
+            workers=RoleBounds.from_constraints(c.workers, max(c.workers.min, 1), c.workers.max),
+            ps=RoleBounds.from_constraints(c.ps, spec.min_ps, ps_max),
+            quota=spec.quota.resources,
+        )
+
+    def role(self, role: Role) -> RoleBounds:
+        return self.workers if role is Role.WORKER else self.ps
+
+    def fit(self, workers: RolePlan, ps: RolePlan) -> tuple[RolePlan, RolePlan, list[str]]:
+        """Clamp to pins and bounds, then shrink into the quota. Returns notes on what changed."""
+        notes: list[str] = []
+        w, p = self.workers.clamp(workers), self.ps.clamp(ps)
+        if (w, p) != (workers, ps):
+            notes.append("clamped to the spec's constraints (pins, min/max, max node size)")
+        if (w.total + p.total).fits_in(self.quota):
+            return w, p, notes
+        # Too big: first fewer workers, then smaller nodes, keeping pinned values.
+        while not (w.total + p.total).fits_in(self.quota) and w.count > self.workers.count(0):
+            w = RolePlan(w.count - 1, w.resources)
+        scale = 1.0
+        for _ in range(40):
+            if (w.total + p.total).fits_in(self.quota):
+                break
+            scale *= 0.9
+            w = self.workers.clamp(RolePlan(w.count, _scaled(workers.resources, scale)))
+            p = self.ps.clamp(RolePlan(p.count, _scaled(ps.resources, scale)))
+        while not (w.total + p.total).fits_in(self.quota) and p.count > self.ps.count(0):
+            p = RolePlan(p.count - 1, p.resources)
+        notes.append(f"shrunk to fit the quota ({self.quota})")
+        return w, p, notes
+
+
+def _scaled(r: NodeResources, k: float) -> NodeResources:
+    return NodeResources(int(r.cpu_millicores * k), int(r.memory_mib * k))
+
+
+def round_up_level(millicores: float, levels: tuple[int, ...]) -> int:
+    """The smallest CPU level >= ``millicores`` (the largest level if none is)."""
+    for lv in levels:
+        if lv >= millicores - 1e-9:
+            return lv
+    return levels[-1]
+
+
+def ceil_mib(x: float, step: int = 64) -> int:
+    """Round memory up to a multiple of ``step`` MiB (allocators like round numbers)."""
+    return int(math.ceil(max(x, 0.0) / step) * step)

@@ -1,0 +1,86 @@
+"""The planner's numbers, as data. Defaults are DLRover's production heuristics (DOMAIN.md)
+where it has one; ours are marked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlrover_core.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    # --- stage 1: cold start (DLRover: 1 PS + 1 worker, min(limit/5, 16 CPU / 8 GiB)) ----
+    cold_fraction: float = 0.2
+    cold_max_cpu_millicores: int = 16_000
+    cold_max_memory_mib: int = 8_192
+    # --- stage 1: warm start ----------------------------------------------------------
+    major_cluster_fraction: float = 0.5  # keep >= this share of values nearest the median
+    warm_worker_cpu_margin: float = 1.2  # per-worker CPU = peak used × margin
+    warm_ps_cpu_factor: float = 1.5  # DLRover: PS CPU total × 1.5
+    warm_memory_margin: float = 1.2  # DLRover: memory × 1.2
+    warm_max_ps: int = 15
+    # --- stage 2: model-based scaling ---------------------------------------------------
+    # The objective: maximise log X − θ·log cost, i.e. keep adding resources while a 1 %
+    # cost increase still buys ≥ θ % throughput (θ is DLRover's 0.2 marginal speed ratio
+    # made continuous; ours: 0.35 trades a little speed for much less waste).
+    min_elasticity: float = 0.35
+    memory_gib_per_core: float = 4.0  # 1 core costs as much as 4 GiB (cloud price ratio)
+    min_gain: float = 0.03  # change only if the objective improves by ≥ 3 % (hysteresis)
+    max_worker_step: int = 8  # DLRover: ≤ +8 workers per step
+    ps_saturation_util: float = 0.95  # DLRover: stop adding workers if a PS is this busy
+    min_marginal_speed_ratio: float = 0.2  # DLRover: (ΔX/Δw)/(X/w)
+    deceleration: float = 0.2  # DLRover: speed down ≥ 20 % after a change -> revert
+    worker_memory_margin: float = 1.5  # DLRover: worker memory = max used × 1.5
+    ps_memory_margin: float = 1.2
+    cpu_levels_millicores: tuple[int, ...] = (
+        500,
+        1000,
+        1500,
+        2000,
+        3000,
+        4000,
+        6000,
+        8000,
+        12000,
+        16000,
+        24000,
+        32000,
+    )
+    max_trust_rel_error: float = 0.25  # beyond this fitted error, keep sampling
+    max_sampling_configs: int = 8
+    # --- stage 3: post-scaling ------------------------------------------------------------
+    hot_ps_cpu_util: float = 0.9
+    hot_ps_memory_util: float = 0.9
+    hot_ps_cpu_factor: float = 2.0
+    hot_ps_memory_step_mib: int = 8_192  # DLRover: +8 GiB
+    idle_ps_cpu_util: float = 0.4
+    idle_min_remaining_s: float = 3600.0
+    idle_target_util: float = 0.7
+    straggler_ratio: float = 0.5
+    # --- pacing (from the spec) -----------------------------------------------------------
+    replan_interval_s: float = 300.0
+    worker_stable_s: float = 60.0
+    min_speed_samples: int = 5
+    ps_change_interval_s: float = 3600.0
+    hot_window: int = 3
+    pending_timeout_s: float = 900.0
+    history_window_s: float = 7 * 86400.0
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, **overrides: object) -> PlannerConfig:
+        p = spec.pacing
+        base = cls(
+            replan_interval_s=p.replan_interval_s,
+            worker_stable_s=p.worker_stable_s,
+            min_speed_samples=p.min_speed_samples,
+            ps_change_interval_s=p.ps_change_interval_s,
+            hot_window=p.hot_window,
+            pending_timeout_s=p.pending_timeout_s,
+            history_window_s=p.history_window_s,
+        )
+        if overrides:
+            from dataclasses import replace
+
+            base = replace(base, **overrides)  # type: ignore[arg-type]
+        return base

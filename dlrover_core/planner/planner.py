@@ -1,0 +1,300 @@
+"""The three-stage planner: pure functions of (spec, history, samples, observations, clock).
+
+stage 1  initial_plan():  warm start from similar runs, or cold start
+stage 2  replan():        sampling configurations, then model-based scaling
+stage 3  replan():        post-scaling on instability (runs first: it is urgent)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dlrover_core.errors import DLRoverError
+from dlrover_core.model.throughput import ThroughputModel, fit_throughput_model
+from dlrover_core.planner import scaling
+from dlrover_core.planner.bounds import JobBounds, ceil_mib
+from dlrover_core.planner.config import PlannerConfig
+from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
+from dlrover_core.planner.post_scaling import post_scale
+from dlrover_core.planner.warm_start import initial_plan
+from dlrover_core.spec import JobSpec
+from dlrover_core.types import HistoryRecord, Observation, ResourcePlan, Role, Sample, Stage
+
+ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
+
+
+def _default_factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
+    return fit_throughput_model(samples, strategy, batch_size=batch_size)
+
+
+@dataclass(frozen=True)
+class PlanDecision:
+    """``plan`` is the new plan, or None to keep the current one; ``notes`` say why."""
+
+    plan: ResourcePlan | None
+    notes: tuple[str, ...] = ()
+    model: ThroughputModel | None = None
+
+
+class Planner:
+    def __init__(
+        self,
+        spec: JobSpec,
+        config: PlannerConfig | None = None,
+        *,
+        model_factory: ModelFactory = _default_factory,
+    ) -> None:
+        self.spec = spec
+        self.config = config or PlannerConfig.from_spec(spec)
+        self.bounds = JobBounds.from_spec(spec)
+        self.model_factory = model_factory
+
+    # --- stage 1 ------------------------------------------------------------------------
+    def initial_plan(
+        self, history: Sequence[HistoryRecord] = (), now_s: float = 0.0
+    ) -> ResourcePlan:
+        return initial_plan(self.spec, history, self.config, now_s)
+
+    def offline_plan(
+        self,
+        samples: Sequence[Sample] = (),
+        history: Sequence[HistoryRecord] = (),
+        now_s: float = 0.0,
+    ) -> ResourcePlan:
+        """Stage 1, then stage 2 on profiled samples when they identify the model (the
+        pipeline's plan step: no pacing, no step limits — the job has not started)."""
+        base = self.initial_plan(history, now_s)
+        if not samples:
+            return base
+        model, why = self._fit(samples)
+        if model is None:
+            return base.replace(reasons=(*base.reasons, f"samples not used: {why}"))
+        res = self._search(model, base, (), scaling.SearchLimits())
+        return self._scaled_plan(
+            base, res, model, now_s, prefix=f"from {len(samples)} profiled samples"
+        )
+
+    # --- stages 2 and 3 -------------------------------------------------------------------
+    def replan(
+        self,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+        past_plans: Sequence[ResourcePlan] = (),
+    ) -> PlanDecision:
+        cfg = self.config
+        urgent = post_scale(self.spec, cfg, current, observations, now_s)
+        if urgent is not None:
+            return PlanDecision(urgent)
+        if now_s - current.created_at_s < cfg.replan_interval_s:
+            return PlanDecision(None, ("paced: re-plan interval not over",))
+        here = scaling.samples_at(samples, scaling.plan_key(current))
+        if len(here) < cfg.min_speed_samples:
+            return PlanDecision(
+                None, (f"waiting for speed samples ({len(here)}/{cfg.min_speed_samples})",)
+            )
+        reverted = self._deceleration_guard(current, samples, past_plans, now_s)
+        if reverted is not None:
+            return PlanDecision(reverted)
+        model, why = self._fit(samples)
+        if model is None or not model.trustworthy(cfg.max_trust_rel_error):
+            nxt = self._next_sample(current, samples, observations, past_plans, now_s, why)
+            if nxt is not None or model is None:
+                return PlanDecision(nxt, (why or "model not trustworthy yet",), model)
+        limits = self._limits(current, samples, observations, past_plans, now_s)
+        res = self._search(model, current, observations, limits)
+        if res.gain < cfg.min_gain or (res.workers, res.ps) == (current.workers, current.ps):
+            return PlanDecision(
+                None, (f"current plan is within {cfg.min_gain:.0%} of the best",), model
+            )
+        return PlanDecision(self._scaled_plan(current, res, model, now_s), (), model)
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _fit(self, samples: Sequence[Sample]) -> tuple[ThroughputModel | None, str]:
+        try:
+            return self.model_factory(
+                samples, self.spec.strategy, self.spec.training.batch_size
+            ), ""
+        except DLRoverError as e:
+            return None, e.message
+
+    def _search(
+        self,
+        model: ThroughputModel,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        limits: scaling.SearchLimits,
+    ) -> scaling.SearchResult:
+        cfg, spec = self.config, self.spec
+        w_mem = worker_memory_mib(spec, observations, cfg.worker_memory_margin)
+        return scaling.search(
+            model,
+            current,
+            self.bounds,
+            cfg,
+            w_mem,
+            lambda p: ceil_mib(ps_memory_per_node_mib(spec, p, observations, cfg.ps_memory_margin)),
+            limits,
+        )
+
+    def _scaled_plan(
+        self,
+        base: ResourcePlan,
+        res: scaling.SearchResult,
+        model: ThroughputModel,
+        now_s: float,
+        prefix: str = "model-based scaling",
+    ) -> ResourcePlan:
+        w, p = res.workers, res.ps
+        reasons = [
+            f"{prefix}: {w.count} worker(s) × {w.resources.cpu_cores:g} CPU, {p.count} PS × "
+            f"{p.resources.cpu_cores:g} CPU maximises log(throughput) − "
+            f"{self.config.min_elasticity}·log(cost) over {res.evaluated} configurations",
+            f"predicted {res.throughput_sps:,.0f} samples/s vs {res.current_throughput_sps:,.0f} "
+            f"now (objective +{res.gain:.1%}; model error {model.relative_error_:.1%})",
+        ]
+        keep = tuple(
+            o
+            for o in base.overrides
+            if o.action == "migrate" and o.node_id < p.count and o.role is Role.PS and p == base.ps
+        )
+        return base.replace(
+            workers=w,
+            ps=p,
+            overrides=keep,
+            stage=Stage.SCALING,
+            reasons=tuple(reasons),
+            predicted_throughput_sps=res.throughput_sps,
+            created_at_s=now_s,
+        )
+
+    def _last_change_s(self, past_plans: Sequence[ResourcePlan], role: Role) -> float:
+        plans = list(past_plans)
+        for prev, nxt in zip(reversed(plans[:-1]), reversed(plans[1:]), strict=True):
+            if prev.role(role) != nxt.role(role):
+                return nxt.created_at_s
+        return plans[0].created_at_s if plans else float("-inf")
+
+    def _limits(
+        self,
+        current: ResourcePlan,
+        samples: Sequence[Sample],
+        observations: Sequence[Observation],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+    ) -> scaling.SearchLimits:
+        cfg = self.config
+        plans = (
+            [*past_plans, current]
+            if not past_plans or past_plans[-1] is not current
+            else list(past_plans)
+        )
+        ps_ok = (
+            now_s - self._last_change_s(plans, Role.PS) >= cfg.ps_change_interval_s
+            or len(plans) <= 1
+        )
+        w_ok = now_s - current.created_at_s >= cfg.worker_stable_s
+        no_more = False
+        floor = None
+        last = observations[-1] if observations else None
+        if last is not None:
+            busiest = max((n.cpu_util for n in last.of(Role.PS)), default=0.0)
+            if busiest >= cfg.ps_saturation_util:
+                p = current.ps
+                floor = float(p.count * p.resources.cpu_millicores)
+        ratio = _marginal_speed_ratio(current, samples, plans)
+        if ratio is not None and ratio < cfg.min_marginal_speed_ratio:
+            no_more = True
+        return scaling.SearchLimits(
+            change_workers=w_ok,
+            change_ps=ps_ok,
+            max_worker_step=cfg.max_worker_step,
+            no_more_workers=no_more,
+            ps_capacity_floor=floor,
+        )
+
+    def _deceleration_guard(
+        self,
+        current: ResourcePlan,
+        samples: Sequence[Sample],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        prev = _previous_distinct(current, past_plans)
+        if prev is None or current.total.cpu_millicores <= prev.total.cpu_millicores:
+            return None
+        x_now = _mean_tput(scaling.samples_at(samples, scaling.plan_key(current)))
+        x_before = _mean_tput(scaling.samples_at(samples, scaling.plan_key(prev)))
+        if x_now is None or x_before is None or x_now >= (1 - self.config.deceleration) * x_before:
+            return None
+        return prev.replace(
+            stage=Stage.SCALING,
+            created_at_s=now_s,
+            reasons=(
+                f"deceleration: {x_now:,.0f} samples/s after scaling up vs {x_before:,.0f} "
+                f"before (≥ {self.config.deceleration:.0%} slower): revert",
+            ),
+        )
+
+    def _next_sample(
+        self,
+        current: ResourcePlan,
+        samples: Sequence[Sample],
+        observations: Sequence[Observation],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+        why: str,
+    ) -> ResourcePlan | None:
+        seen = {scaling.sample_key(s) for s in samples}
+        if len(seen) >= self.config.max_sampling_configs:
+            return None
+        base = past_plans[0] if past_plans else current
+        for w, p, what in scaling.sampling_candidates(base, self.bounds, self.config, observations):
+            w2, p2, notes = self.bounds.fit(w, p)
+            key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+            if key in seen or (notes and "shrunk" in " ".join(notes)):
+                continue
+            reasons = (
+                f"sampling configuration {len(seen) + 1}: {what} "
+                f"({why or 'the model is not yet trustworthy'})",
+            )
+            return current.replace(
+                workers=w2,
+                ps=p2,
+                overrides=(),
+                stage=Stage.SAMPLING,
+                reasons=reasons,
+                predicted_throughput_sps=None,
+                created_at_s=now_s,
+            )
+        return None
+
+
+def _mean_tput(samples: Sequence[Sample]) -> float | None:
+    return sum(s.throughput_sps for s in samples) / len(samples) if samples else None
+
+
+def _previous_distinct(current: ResourcePlan, past: Sequence[ResourcePlan]) -> ResourcePlan | None:
+    for p in reversed(past):
+        if scaling.plan_key(p) != scaling.plan_key(current):
+            return p
+    return None
+
+
+def _marginal_speed_ratio(
+    current: ResourcePlan, samples: Sequence[Sample], past: Sequence[ResourcePlan]
+) -> float | None:
+    """DLRover's (ΔX/Δw)/(X/w) after the last change in the worker count alone."""
+    prev = _previous_distinct(current, past)
+    if prev is None or prev.workers.count >= current.workers.count:
+        return None
+    if scaling.plan_key(prev)[1:] != scaling.plan_key(current)[1:]:
+        return None
+    x1 = _mean_tput(scaling.samples_at(samples, scaling.plan_key(current)))
+    x0 = _mean_tput(scaling.samples_at(samples, scaling.plan_key(prev)))
+    if x1 is None or x0 is None or x0 <= 0:
+        return None
+    dw = current.workers.count - prev.workers.count
+    return ((x1 - x0) / dw) / (x0 / prev.workers.count)

@@ -1,0 +1,310 @@
+"""Stage 3: react to instability seen in live observations — pending nodes, PS memory
+running out (observed or predicted), hot PS, stragglers, idle PS.
+
+Evidence must come from the current configuration: only observations made after the current
+plan took effect count, and a condition must hold in ``hot_window`` consecutive ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from dlrover_core.faults import PendingAction, PendingPolicy, find_stragglers, pending_action
+from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
+from dlrover_core.planner.config import PlannerConfig
+from dlrover_core.planner.memory_sizing import id_growth_from, ps_memory_model
+from dlrover_core.spec import JobSpec
+from dlrover_core.types import (
+    NodeOverride,
+    NodeResources,
+    NodeState,
+    Observation,
+    ResourcePlan,
+    Role,
+    RolePlan,
+    Stage,
+)
+
+
+def _recent(observations: Sequence[Observation], since_s: float, k: int) -> list[Observation]:
+    fresh = [o for o in observations if o.time_s > since_s]
+    return fresh[-k:] if len(fresh) >= k else []
+
+
+def _persistent(window: Sequence[Observation], role: Role, pred: object) -> list[int]:
+    """Node ids of ``role`` for which ``pred(node)`` holds in every observation of the window."""
+    ids: set[int] | None = None
+    for o in window:
+        hit = {n.node_id for n in o.of(role) if pred(n)}  # type: ignore[operator]
+        ids = hit if ids is None else ids & hit
+    return sorted(ids or ())
+
+
+def _with(
+    current: ResourcePlan,
+    now_s: float,
+    reasons: list[str],
+    *,
+    workers: RolePlan | None = None,
+    ps: RolePlan | None = None,
+    overrides: tuple[NodeOverride, ...] | None = None,
+) -> ResourcePlan:
+    return current.replace(
+        workers=workers or current.workers,
+        ps=ps or current.ps,
+        overrides=current.overrides if overrides is None else overrides,
+        stage=Stage.POST_SCALING,
+        reasons=tuple(reasons),
+        created_at_s=now_s,
+    )
+
+
+def _merge(old: tuple[NodeOverride, ...], new: Sequence[NodeOverride]) -> tuple[NodeOverride, ...]:
+    keys = {(o.role, o.node_id) for o in new}
+    return tuple(o for o in old if (o.role, o.node_id) not in keys) + tuple(new)
+
+
+def post_scale(
+    spec: JobSpec,
+    cfg: PlannerConfig,
+    current: ResourcePlan,
+    observations: Sequence[Observation],
+    now_s: float,
+) -> ResourcePlan | None:
+    bounds = JobBounds.from_spec(spec)
+    for check in (_pending, _ps_memory, _hot_ps, _stragglers, _idle_ps):
+        plan = check(spec, cfg, bounds, current, observations, now_s)
+        if plan is not None:
+            return plan
+    return None
+
+
+def _headroom(bounds: JobBounds, plan: ResourcePlan) -> NodeResources:
+    return bounds.quota - plan.total
+
+
+def _pending(
+    spec: JobSpec,
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    observations: Sequence[Observation],
+    now_s: float,
+) -> ResourcePlan | None:
+    if not observations:
+        return None
+    policy = PendingPolicy(timeout_s=cfg.pending_timeout_s)
+    moves = []
+    for n in observations[-1].nodes:
+        if n.state is not NodeState.PENDING:
+            continue
+        d = pending_action(n.state_since_s, now_s, n.allocated, policy)
+        if d.action is PendingAction.RELAUNCH:
+            moves.append(
+                NodeOverride(n.role, n.node_id, d.resources, f"pending: {d.reason}", "relaunch")
+            )
+    if not moves:
+        return None
+    reasons = [f"{m.role.value}-{m.node_id} {m.reason}" for m in moves]
+    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+
+
+def _ps_memory(
+    spec: JobSpec,
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    observations: Sequence[Observation],
+    now_s: float,
+) -> ResourcePlan | None:
+    """Predicted OOM first (pre-tuning: act before it happens), then memory-hot PS."""
+    ps = current.ps
+    if ps.count == 0 or not observations:
+        return None
+    growth = id_growth_from(observations)
+    last = observations[-1]
+    if growth is not None and last.samples_total > 0:
+        used = [n.memory_used_mib for n in last.of(Role.PS)]
+        imbalance = max(used) / (sum(used) / len(used)) if used and sum(used) > 0 else 1.0
+        pred = ps_memory_model(spec).predict_oom(
+            growth,
+            samples_seen=min(last.samples_done, last.samples_total),
+            samples_total=last.samples_total,
+            num_ps=ps.count,
+            ps_memory_limit_mib=ps.resources.memory_mib,
+            imbalance=max(1.0, imbalance),
+            margin=cfg.ps_memory_margin,
+        )
+        if pred.will_oom:
+            need = ceil_mib(pred.needed_memory_per_ps_mib)
+            extra = (need - ps.resources.memory_mib) * ps.count
+            head = _headroom(bounds, current).memory_mib
+            why = (
+                f"predicted PS OOM: the busiest PS reaches {pred.peak_per_ps_mib:,.0f} MiB by the "
+                f"end of training (limit {ps.resources.memory_mib} MiB"
+                + (f", at ~{pred.oom_at_samples:,} samples" if pred.oom_at_samples else "")
+                + ")"
+            )
+            if (
+                need <= bounds.ps.max_memory_mib
+                and extra <= head
+                and bounds.ps.pinned_memory_mib is None
+            ):
+                new_ps = RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, need))
+                return _with(current, now_s, [why, f"raise PS memory to {need} MiB now"], ps=new_ps)
+            if pred.needed_num_ps and not bounds.ps.count_fixed:
+                n = bounds.ps.count(pred.needed_num_ps)
+                if n > ps.count and (ps.resources * (n - ps.count)).fits_in(
+                    _headroom(bounds, current)
+                ):
+                    return _with(
+                        current,
+                        now_s,
+                        [why, f"grow PS from {ps.count} to {n} to spread the rows"],
+                        ps=RolePlan(n, ps.resources),
+                    )
+    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    if not window:
+        return None
+    hot = _persistent(window, Role.PS, lambda n: n.memory_util > cfg.hot_ps_memory_util)
+    if not hot or bounds.ps.pinned_memory_mib is not None:
+        return None
+    moves = []
+    head = _headroom(bounds, current).memory_mib
+    for node_id in hot:
+        cur = current.node_resources(Role.PS, node_id)
+        new_mem = min(
+            cur.memory_mib + cfg.hot_ps_memory_step_mib,
+            bounds.ps.max_memory_mib,
+            cur.memory_mib + head,
+        )
+        if new_mem <= cur.memory_mib:
+            continue
+        head -= new_mem - cur.memory_mib
+        moves.append(
+            NodeOverride(
+                Role.PS,
+                node_id,
+                NodeResources(cur.cpu_millicores, new_mem),
+                f"memory-hot (> {cfg.hot_ps_memory_util:.0%} for {cfg.hot_window} samples)",
+            )
+        )
+    if not moves:
+        return None
+    reasons = [f"ps-{m.node_id} {m.reason}: memory -> {m.resources.memory_mib} MiB" for m in moves]
+    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+
+
+def _hot_ps(
+    spec: JobSpec,
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    observations: Sequence[Observation],
+    now_s: float,
+) -> ResourcePlan | None:
+    if current.ps.count == 0 or bounds.ps.pinned_cpu_millicores is not None:
+        return None
+    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    if not window:
+        return None
+    hot = _persistent(window, Role.PS, lambda n: n.cpu_util >= cfg.hot_ps_cpu_util)
+    running = {n.node_id for n in window[-1].of(Role.PS)}
+    if not hot:
+        return None
+    head = _headroom(bounds, current).cpu_millicores
+    levels = cfg.cpu_levels_millicores
+    if set(hot) >= running and len(running) > 1:
+        return None  # every PS is busy: capacity, not imbalance — stage 2 adds PS or CPU
+    moves = []
+    for node_id in hot:
+        cur = current.node_resources(Role.PS, node_id)
+        want = round_up_level(cur.cpu_millicores * cfg.hot_ps_cpu_factor, levels)
+        new_cpu = min(want, bounds.ps.max_cpu_millicores, cur.cpu_millicores + head)
+        if new_cpu <= cur.cpu_millicores:
+            continue
+        head -= new_cpu - cur.cpu_millicores
+        moves.append(
+            NodeOverride(
+                Role.PS,
+                node_id,
+                NodeResources(new_cpu, cur.memory_mib),
+                f"hot PS (CPU ≥ {cfg.hot_ps_cpu_util:.0%} for {cfg.hot_window} samples)",
+            )
+        )
+    if not moves:
+        return None
+    reasons = [
+        f"ps-{m.node_id} {m.reason}: migrate to {m.resources.cpu_millicores / 1000:g} CPU"
+        for m in moves
+    ]
+    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+
+
+def _stragglers(
+    spec: JobSpec,
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    observations: Sequence[Observation],
+    now_s: float,
+) -> ResourcePlan | None:
+    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    if not window:
+        return None
+    slow: set[int] | None = None
+    for o in window:
+        speeds = {n.node_id: n.throughput_sps for n in o.of(Role.WORKER)}
+        s = set(find_stragglers(speeds, ratio=cfg.straggler_ratio))
+        slow = s if slow is None else slow & s
+    if not slow:
+        return None
+    moves = [
+        NodeOverride(
+            Role.WORKER,
+            i,
+            current.node_resources(Role.WORKER, i),
+            f"straggler (< {cfg.straggler_ratio:.0%} of the median worker speed)",
+            "relaunch",
+        )
+        for i in sorted(slow)
+    ]
+    reasons = [f"worker-{m.node_id} {m.reason}: replace it" for m in moves]
+    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+
+
+def _idle_ps(
+    spec: JobSpec,
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    observations: Sequence[Observation],
+    now_s: float,
+) -> ResourcePlan | None:
+    ps = current.ps
+    if ps.count == 0 or bounds.ps.pinned_cpu_millicores is not None:
+        return None
+    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    if not window:
+        return None
+    last = window[-1]
+    nodes = last.of(Role.PS)
+    if not nodes or any(n.cpu_util >= cfg.idle_ps_cpu_util for o in window for n in o.of(Role.PS)):
+        return None
+    if last.throughput_sps <= 0:
+        return None
+    remaining_s = (last.samples_total - last.samples_done) / last.throughput_sps
+    if remaining_s < cfg.idle_min_remaining_s:
+        return None
+    peak = max(n.cpu_used_millicores for o in window for n in o.of(Role.PS))
+    new_cpu = bounds.ps.cpu(round_up_level(peak / cfg.idle_target_util, cfg.cpu_levels_millicores))
+    if new_cpu >= ps.resources.cpu_millicores:
+        return None
+    reasons = [
+        f"idle PS (CPU < {cfg.idle_ps_cpu_util:.0%} for {cfg.hot_window} samples, "
+        f"~{math.ceil(remaining_s / 60)} min left): shrink to {new_cpu / 1000:g} CPU each"
+    ]
+    new_ps = RolePlan(ps.count, NodeResources(new_cpu, ps.resources.memory_mib))
+    keep = tuple(o for o in current.overrides if o.role is not Role.PS)
+    return _with(current, now_s, reasons, ps=new_ps, overrides=keep)

@@ -1,0 +1,242 @@
+"""Stage 2: size the job from the fitted resource-performance model.
+
+The objective is J = log X − θ·log C: throughput X (samples/s) against cost C (cores plus
+memory in core-equivalents). Its optimum is where one more percent of cost buys exactly θ
+percent of throughput — "maximise throughput gain per unit of added resource cost", with θ the
+continuous form of DLRover's marginal-speed-ratio guard. The search is a vectorised grid over
+(workers, PS, CPU per worker, CPU per PS) inside the quota and the user's pins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dlrover_core.model.throughput import ThroughputModel
+from dlrover_core.planner.bounds import JobBounds, RoleBounds
+from dlrover_core.planner.config import PlannerConfig
+from dlrover_core.types import NodeResources, Observation, ResourcePlan, Role, RolePlan, Sample
+
+FloatArray = npt.NDArray[np.float64]
+ConfigKey = tuple[int, int, int, int]
+
+
+def config_key(workers: int, ps: int, worker_cpu_cores: float, ps_cpu_cores: float) -> ConfigKey:
+    return (workers, ps, int(round(worker_cpu_cores * 1000)), int(round(ps_cpu_cores * 1000)))
+
+
+def plan_key(plan: ResourcePlan) -> ConfigKey:
+    return (
+        plan.workers.count,
+        plan.ps.count,
+        plan.workers.resources.cpu_millicores,
+        plan.ps.resources.cpu_millicores,
+    )
+
+
+def sample_key(s: Sample) -> ConfigKey:
+    return config_key(s.workers, s.ps, s.worker_cpu_cores, s.ps_cpu_cores)
+
+
+def samples_at(samples: Sequence[Sample], key: ConfigKey) -> list[Sample]:
+    return [s for s in samples if sample_key(s) == key]
+
+
+def cost(
+    w: FloatArray | float,
+    p: FloatArray | float,
+    w_cpu_m: FloatArray | float,
+    p_cpu_m: FloatArray | float,
+    w_mem: FloatArray | float,
+    p_mem: FloatArray | float,
+    gib_per_core: float,
+) -> FloatArray | float:
+    """Resource cost in core-equivalents."""
+    cores = (w * w_cpu_m + p * p_cpu_m) / 1000.0
+    gib = (w * w_mem + p * p_mem) / 1024.0
+    return cores + gib / gib_per_core
+
+
+def _count_values(rb: RoleBounds, current: int, allow: bool, max_up: int | None) -> list[int]:
+    if rb.pinned_count is not None or not allow:
+        return [current]
+    hi = rb.max_count if max_up is None else min(rb.max_count, current + max_up)
+    lo = rb.min_count
+    vals = set(range(lo, min(hi, 8) + 1))
+    v = 8.0
+    while v < hi:
+        v *= 1.15
+        vals.add(min(hi, int(round(v))))
+    vals.update(n for n in (current - 1, current, current + 1) if lo <= n <= hi)
+    return sorted(n for n in vals if lo <= n <= hi)
+
+
+def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]) -> list[int]:
+    if rb.pinned_cpu_millicores is not None or not allow:
+        return [current]
+    vals = {lv for lv in levels if lv <= rb.max_cpu_millicores}
+    vals.add(current)
+    return sorted(vals)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    workers: RolePlan
+    ps: RolePlan
+    throughput_sps: float
+    objective: float
+    current_throughput_sps: float
+    current_objective: float
+    evaluated: int
+
+    @property
+    def gain(self) -> float:
+        return math.exp(self.objective - self.current_objective) - 1.0
+
+
+@dataclass(frozen=True)
+class SearchLimits:
+    """Which moves pacing and the guards allow this time."""
+
+    change_workers: bool = True
+    change_ps: bool = True
+    max_worker_step: int | None = None
+    no_more_workers: bool = False  # marginal-speed or PS-saturation guard fired
+    ps_capacity_floor: float | None = None  # p·λp must exceed this to add workers
+
+
+def search(
+    model: ThroughputModel,
+    current: ResourcePlan,
+    bounds: JobBounds,
+    cfg: PlannerConfig,
+    worker_memory_mib: int,
+    ps_memory_mib: Callable[[int], int],
+    limits: SearchLimits = SearchLimits(),
+) -> SearchResult:
+    cw, cp = current.workers, current.ps
+    uses_ps = bounds.ps.max_count > 0
+    wv = _count_values(bounds.workers, cw.count, limits.change_workers, limits.max_worker_step)
+    if limits.no_more_workers:
+        wv = [n for n in wv if n <= cw.count] or [cw.count]
+    pv = _count_values(bounds.ps, cp.count, limits.change_ps and uses_ps, None) if uses_ps else [0]
+    levels = cfg.cpu_levels_millicores
+    wcv = _cpu_values(bounds.workers, cw.resources.cpu_millicores, limits.change_workers, levels)
+    pcv = (
+        _cpu_values(bounds.ps, cp.resources.cpu_millicores, limits.change_ps, levels)
+        if uses_ps
+        else [cp.resources.cpu_millicores or 1000]
+    )
+    w_mem = (
+        bounds.workers.memory(worker_memory_mib)
+        if limits.change_workers
+        else cw.resources.memory_mib
+    )
+    p_mem_of = {p: (bounds.ps.memory(ps_memory_mib(p)) if p > 0 else 0) for p in pv}
+    if not limits.change_ps:
+        p_mem_of = {p: cp.resources.memory_mib for p in pv}
+
+    W, P, WC, PC = (
+        a.ravel().astype(np.float64) for a in np.meshgrid(wv, pv, wcv, pcv, indexing="ij")
+    )
+    PM = np.array([p_mem_of[int(p)] for p in pv], dtype=np.float64)[
+        np.searchsorted(np.array(pv), P.astype(int))
+    ]
+    q = bounds.quota
+    tot_cpu = W * WC + P * PC
+    tot_mem = W * w_mem + P * PM
+    ok = (tot_cpu <= q.cpu_millicores) & (tot_mem <= q.memory_mib)
+    if limits.ps_capacity_floor is not None:
+        ok &= (cw.count >= W) | (limits.ps_capacity_floor < P * PC)
+    # always evaluate the current configuration too
+    cur = np.array(
+        [
+            [
+                cw.count,
+                cp.count,
+                cw.resources.cpu_millicores / 1000,
+                cp.resources.cpu_millicores / 1000,
+            ]
+        ]
+    )
+    x_cur = float(model.predict_many(cur)[0])
+    c_cur = float(
+        cost(
+            cw.count,
+            cp.count,
+            cw.resources.cpu_millicores,
+            cp.resources.cpu_millicores,
+            cw.resources.memory_mib,
+            cp.resources.memory_mib,
+            cfg.memory_gib_per_core,
+        )
+    )
+    j_cur = math.log(max(x_cur, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
+    if not ok.any():
+        return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
+    W, P, WC, PC, PM = W[ok], P[ok], WC[ok], PC[ok], PM[ok]
+    cfgs = np.column_stack([W, P, WC / 1000.0, np.where(P > 0, PC, 1000.0) / 1000.0])
+    x = model.predict_many(cfgs)
+    c = cost(W, P, WC, PC, float(w_mem), PM, cfg.memory_gib_per_core)
+    j = np.log(np.maximum(x, 1e-12)) - cfg.min_elasticity * np.log(np.maximum(c, 1e-12))
+    i = int(np.argmax(j))
+    workers = RolePlan(int(W[i]), NodeResources(int(WC[i]), int(w_mem)))
+    ps = RolePlan(int(P[i]), NodeResources(int(PC[i]), int(PM[i])))
+    return SearchResult(workers, ps, float(x[i]), float(j[i]), x_cur, j_cur, len(x))
+
+
+# --- sampling: configurations to try before the model can be trusted --------------------
+
+
+def sampling_candidates(
+    current: ResourcePlan,
+    bounds: JobBounds,
+    cfg: PlannerConfig,
+    observations: Sequence[Observation],
+) -> list[tuple[RolePlan, RolePlan, str]]:
+    """Moves that vary one input at a time (so each coefficient gets its own evidence), in an
+    order that also heads towards a better configuration: more workers first, then a PS, then
+    CPU per node towards what the nodes actually use."""
+    w, p = current.workers, current.ps
+    last = observations[-1] if observations else None
+    w_util = _mean([n.cpu_util for n in last.of(Role.WORKER)]) if last else None
+    p_util = max((n.cpu_util for n in last.of(Role.PS)), default=None) if last else None
+    levels = cfg.cpu_levels_millicores
+    out: list[tuple[RolePlan, RolePlan, str]] = []
+
+    def wcpu(k: float) -> NodeResources:
+        return NodeResources(
+            _nearest_level(w.resources.cpu_millicores * k, levels), w.resources.memory_mib
+        )
+
+    def pcpu(k: float) -> NodeResources:
+        return NodeResources(
+            _nearest_level(p.resources.cpu_millicores * k, levels), p.resources.memory_mib
+        )
+
+    out.append((RolePlan(max(w.count * 2, w.count + 1), w.resources), p, "double the workers"))
+    if bounds.ps.max_count > 0:
+        out.append((w, RolePlan(p.count + 1, p.resources), "one more PS"))
+    k_w = 0.5 if (w_util is not None and w_util < 0.5) else 2.0
+    out.append((RolePlan(w.count, wcpu(k_w)), p, f"CPU per worker × {k_w}"))
+    if bounds.ps.max_count > 0:
+        k_p = 0.5 if (p_util is not None and p_util < 0.5) else 2.0
+        out.append((w, RolePlan(p.count, pcpu(k_p)), f"CPU per PS × {k_p}"))
+    out.append((RolePlan(max(w.count + 1, int(w.count * 1.5)), w.resources), p, "workers × 1.5"))
+    out.append((RolePlan(max(1, w.count // 2), wcpu(2.0)), p, "half the workers, twice the CPU"))
+    if bounds.ps.max_count > 0:
+        out.append((w, RolePlan(max(1, p.count + 2), pcpu(0.5)), "two more PS at half CPU"))
+    out.append((RolePlan(w.count + 2, wcpu(0.5)), p, "two more workers at half CPU"))
+    return out
+
+
+def _nearest_level(m: float, levels: Sequence[int]) -> int:
+    return min(levels, key=lambda lv: (abs(lv - m), lv))
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None

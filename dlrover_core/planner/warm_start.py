@@ -1,0 +1,133 @@
+"""Stage 1: allocate before the job starts — from similar past runs, or a small default."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
+from dlrover_core.planner.config import PlannerConfig
+from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
+from dlrover_core.spec import JobSpec
+from dlrover_core.types import HistoryRecord, NodeResources, ResourcePlan, RolePlan, Stage
+
+
+def major_cluster_mean(values: Sequence[float], fraction: float = 0.5) -> float:
+    """DLRover's robust aggregate: average the ``fraction`` of values nearest the median.
+
+    >>> major_cluster_mean([10, 11, 12, 100])
+    11.5
+    """
+    if not values:
+        raise ValueError("major_cluster_mean of no values")
+    med = statistics.median(values)
+    k = max(1, math.ceil(len(values) * fraction))
+    nearest = sorted(values, key=lambda v: (abs(v - med), v))[:k]
+    return sum(nearest) / len(nearest)
+
+
+def similar_runs(
+    spec: JobSpec, history: Sequence[HistoryRecord], now_s: float, window_s: float
+) -> list[HistoryRecord]:
+    key = spec.signature_key
+    return [
+        r
+        for r in history
+        if r.signature == key and r.succeeded and now_s - window_s <= r.finished_at_s <= now_s
+    ]
+
+
+def cold_start(spec: JobSpec, cfg: PlannerConfig, now_s: float) -> ResourcePlan:
+    bounds = JobBounds.from_spec(spec)
+    q = spec.quota.resources
+    cpu = min(int(q.cpu_millicores * cfg.cold_fraction), cfg.cold_max_cpu_millicores)
+    mem = min(int(q.memory_mib * cfg.cold_fraction), cfg.cold_max_memory_mib)
+    w_mem = max(mem, worker_memory_mib(spec))
+    p_mem = max(mem, ceil_mib(ps_memory_per_node_mib(spec, 1, margin=cfg.ps_memory_margin)))
+    workers = RolePlan(1, NodeResources(cpu, w_mem))
+    ps = RolePlan(spec.min_ps, NodeResources(cpu, p_mem))
+    workers, ps, notes = bounds.fit(workers, ps)
+    reasons = [
+        f"cold start: no successful run of signature {spec.signature_key!r} in the history "
+        f"window; DLRover's default of 1 worker + {spec.min_ps} PS at min(quota/5, 16 CPU / 8 GiB)",
+        f"PS memory sized for ~{ps_memory_per_node_mib(spec, ps.count):,.0f} MiB of parameters "
+        "at the end of training (spec's embedding tables, × margin)",
+        *notes,
+    ]
+    return ResourcePlan(workers, ps, Stage.COLD_START, tuple(reasons), created_at_s=now_s)
+
+
+def warm_start(
+    spec: JobSpec,
+    runs: Sequence[HistoryRecord],
+    cfg: PlannerConfig,
+    now_s: float,
+) -> ResourcePlan:
+    """Start near the final configuration of similar runs, robustly aggregated."""
+    bounds = JobBounds.from_spec(spec)
+    f = cfg.major_cluster_fraction
+    plans = [r.final_plan for r in runs]
+
+    def agg(vals: Sequence[float]) -> float:
+        return major_cluster_mean(vals, f)
+
+    n_w = max(1, round(agg([p.workers.count for p in plans])))
+    n_p = min(cfg.warm_max_ps, max(spec.min_ps, round(agg([p.ps.count for p in plans]))))
+    levels = cfg.cpu_levels_millicores
+
+    w_used = [r.worker_cpu_used_millicores for r in runs if r.worker_cpu_used_millicores]
+    if w_used:
+        w_cpu = round_up_level(agg(w_used) * cfg.warm_worker_cpu_margin, levels)
+    else:
+        w_cpu = int(agg([p.workers.resources.cpu_millicores for p in plans]))
+    p_used = [
+        r.ps_cpu_used_millicores * r.final_plan.ps.count for r in runs if r.ps_cpu_used_millicores
+    ]
+    if p_used and n_p > 0:
+        p_cpu = round_up_level(agg(p_used) * cfg.warm_ps_cpu_factor / n_p, levels)
+    else:
+        p_cpu = int(agg([p.ps.resources.cpu_millicores for p in plans]))
+
+    w_mem_used = [r.worker_memory_used_mib for r in runs if r.worker_memory_used_mib]
+    w_mem = (
+        ceil_mib(agg(w_mem_used) * cfg.warm_memory_margin)
+        if w_mem_used
+        else int(agg([p.workers.resources.memory_mib for p in plans]))
+    )
+    p_mem_total = [
+        r.ps_memory_used_mib * r.final_plan.ps.count for r in runs if r.ps_memory_used_mib
+    ]
+    p_mem = (
+        ceil_mib(agg(p_mem_total) * cfg.warm_memory_margin / max(n_p, 1))
+        if p_mem_total
+        else int(agg([p.ps.resources.memory_mib for p in plans]))
+    )
+    workers = RolePlan(n_w, NodeResources(w_cpu, w_mem))
+    ps = RolePlan(n_p, NodeResources(p_cpu, p_mem))
+    workers, ps, notes = bounds.fit(workers, ps)
+    tput = [r.throughput_sps for r in runs if r.throughput_sps]
+    reasons = [
+        f"warm start from {len(runs)} similar run(s) of {spec.signature_key!r} "
+        f"(major-cluster mean of their final configurations)",
+        f"worker CPU = peak used × {cfg.warm_worker_cpu_margin}, PS CPU = total used × "
+        f"{cfg.warm_ps_cpu_factor} / PS count, memory = peak used × {cfg.warm_memory_margin}",
+        *notes,
+    ]
+    return ResourcePlan(
+        workers,
+        ps,
+        Stage.WARM_START,
+        tuple(reasons),
+        predicted_throughput_sps=agg(tput) if tput else None,
+        created_at_s=now_s,
+    )
+
+
+def initial_plan(
+    spec: JobSpec, history: Sequence[HistoryRecord], cfg: PlannerConfig, now_s: float
+) -> ResourcePlan:
+    runs = similar_runs(spec, history, now_s, cfg.history_window_s)
+    if runs:
+        return warm_start(spec, runs, cfg, now_s)
+    return cold_start(spec, cfg, now_s)

@@ -1,0 +1,442 @@
+"""The one validated input: a job spec, from YAML or JSON, with ``--set`` overrides.
+
+Quantities are typed the Kubernetes way ("4Gi", "500m", 2) and stored with their unit in the
+name (``cpu_millicores``, ``memory_mib``). Every validation problem becomes one line naming the
+field and the fix; :func:`load_spec` raises a single :class:`SpecError` holding all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dlrover_core.errors import InputError, SpecError
+from dlrover_core.types import NodeResources
+from dlrover_core.units import cpu_millicores, memory_mib
+
+
+def _cpu(v: Any) -> Any:
+    if v is None or isinstance(v, bool):
+        return v
+    try:
+        return cpu_millicores(v)
+    except InputError as e:
+        raise ValueError(e.message) from None
+
+
+def _mem(v: Any) -> Any:
+    if v is None or isinstance(v, bool):
+        return v
+    try:
+        return memory_mib(v)
+    except InputError as e:
+        raise ValueError(e.message) from None
+
+
+Millicores = Annotated[int, BeforeValidator(_cpu), Field(ge=0)]
+MiB = Annotated[int, BeforeValidator(_mem), Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Architecture(StrEnum):
+    DLRM = "dlrm"
+    DCN = "dcn"
+    DEEPFM = "deepfm"
+    WIDE_DEEP = "wide_deep"
+
+
+class EmbeddingTable(_Strict):
+    name: str = Field(min_length=1)
+    num_embeddings: int | Literal["dynamic"] = Field(
+        description="rows, or 'dynamic' for a table that grows as new IDs arrive"
+    )
+    embedding_dim: int | None = Field(default=None, gt=0, description="defaults to model's")
+
+    @field_validator("num_embeddings")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v <= 0:
+            raise ValueError("must be a positive number of rows, or 'dynamic'")
+        return v
+
+
+class ModelSpec(_Strict):
+    architecture: Architecture = Architecture.DLRM
+    embedding_dim: int = Field(default=16, gt=0)
+    dense_features: int = Field(default=13, ge=0)
+    embedding_tables: tuple[EmbeddingTable, ...] = Field(min_length=1)
+    dense_arch: tuple[int, ...] = (64, 16)
+    over_arch: tuple[int, ...] = (64, 1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        names = [t.name for t in self.embedding_tables]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"embedding table names must be unique; repeated: {', '.join(dup)}")
+        if self.dense_arch and self.dense_arch[-1] != self.embedding_dim:
+            raise ValueError(
+                f"dense_arch must end in embedding_dim ({self.embedding_dim}) so dense and sparse "
+                f"features can interact; got {list(self.dense_arch)}"
+            )
+        return self
+
+    def table_dim(self, t: EmbeddingTable) -> int:
+        return t.embedding_dim or self.embedding_dim
+
+    @property
+    def dense_params(self) -> int:
+        """Parameters of the dense (MLP) part, the way DLRM wires it."""
+        n = 0
+        prev = self.dense_features
+        for h in self.dense_arch:
+            n += prev * h + h
+            prev = h
+        k = len(self.embedding_tables) + 1
+        prev = self.embedding_dim + k * (k - 1) // 2
+        for h in self.over_arch:
+            n += prev * h + h
+            prev = h
+        return n
+
+
+class IdDistribution(_Strict):
+    kind: Literal["zipf", "uniform"] = "zipf"
+    alpha: float = Field(default=1.1, gt=0)
+    new_id_rate: float = Field(default=0.01, ge=0, le=1, description="fraction of fresh IDs")
+
+
+class DataSpec(_Strict):
+    source: Literal["synthetic", "criteo_tsv"] = "synthetic"
+    path: str | None = None
+    rows: int = Field(default=100_000, gt=0)
+    eval_rows: int = Field(default=10_000, ge=0)
+    ids: IdDistribution = IdDistribution()
+    shard_batches: int = Field(default=10, gt=0, description="batches per data shard")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSpec:
+        if self.source == "criteo_tsv":
+            if not self.path:
+                raise ValueError("source 'criteo_tsv' needs data.path (a Criteo-format TSV file)")
+            if not Path(os.path.expanduser(self.path)).exists():
+                raise ValueError(
+                    f"data.path {self.path!r} does not exist; give an existing Criteo-format TSV "
+                    "file, or use source 'synthetic'"
+                )
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["adagrad", "sgd", "adam"] = "adagrad"
+    lr: float = Field(default=0.05, gt=0)
+
+    @property
+    def slots(self) -> int:
+        """Optimizer state per parameter (PS memory multiplier)."""
+        return {"sgd": 0, "adagrad": 1, "adam": 2}[self.name]
+
+
+class TrainingSpec(_Strict):
+    batch_size: int = Field(default=512, gt=0)
+    epochs: int | None = Field(default=1, gt=0)
+    steps: int | None = Field(default=None, gt=0, description="global steps; overrides epochs")
+    optimizer: OptimizerSpec = OptimizerSpec()
+
+
+class RoleConstraints(_Strict):
+    """Bounds and pins for one role. A pinned value (count/cpu/memory) is never changed."""
+
+    min: int = Field(default=1, ge=0)
+    max: int = Field(default=64, ge=1)
+    count: int | None = Field(default=None, ge=0, description="pin the node count")
+    cpu_millicores: Millicores | None = Field(default=None, alias="cpu", description="pin CPU")
+    memory_mib: MiB | None = Field(default=None, alias="memory", description="pin memory")
+    max_cpu_millicores: Millicores = Field(default=32_000, alias="max_cpu")
+    max_memory_mib: MiB = Field(default=65_536, alias="max_memory")
+
+    @model_validator(mode="after")
+    def _check(self) -> RoleConstraints:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is larger than max ({self.max}); swap them")
+        if self.count is not None and not self.min <= self.count <= self.max:
+            raise ValueError(f"count {self.count} is outside [min, max] = [{self.min}, {self.max}]")
+        return self
+
+
+class Constraints(_Strict):
+    workers: RoleConstraints = RoleConstraints()
+    ps: RoleConstraints = RoleConstraints(max=15)
+
+
+class QuotaSpec(_Strict):
+    cpu_millicores: Millicores = Field(alias="cpu")
+    memory_mib: MiB = Field(alias="memory")
+
+    @property
+    def resources(self) -> NodeResources:
+        return NodeResources(self.cpu_millicores, self.memory_mib)
+
+
+class PacingSpec(_Strict):
+    """When the planner may act. Defaults are DLRover's production values (DOMAIN.md)."""
+
+    replan_interval_s: float = Field(default=300, ge=0)
+    worker_stable_s: float = Field(default=60, ge=0)
+    min_speed_samples: int = Field(default=5, ge=1)
+    ps_change_interval_s: float = Field(default=3600, ge=0)
+    sample_window_s: float = Field(default=30, gt=0, description="steady window per sample")
+    hot_window: int = Field(default=3, ge=1, description="consecutive hot samples before acting")
+    heartbeat_interval_s: float = Field(default=15, gt=0)
+    dead_after_s: float = Field(default=600, gt=0)
+    pending_timeout_s: float = Field(default=900, gt=0)
+    history_window_s: float = Field(default=7 * 86400, gt=0)
+
+
+class BackendSpec(_Strict):
+    kind: Literal["local", "kubernetes"] = "local"
+    namespace: str = "default"
+    image: str = "dlrover-rm:latest"
+
+
+class HistorySpec(_Strict):
+    url: str | None = Field(default=None, description="SQLAlchemy URL; default a SQLite file")
+
+
+class Signature(_Strict):
+    pipeline: str = "default"
+    model: str | None = None
+    dataset: str | None = None
+
+
+class JobSpec(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    signature: Signature = Signature()
+    model: ModelSpec
+    data: DataSpec = DataSpec()
+    training: TrainingSpec = TrainingSpec()
+    strategy: Literal["ps", "allreduce"] = "ps"
+    quota: QuotaSpec
+    constraints: Constraints = Constraints()
+    pacing: PacingSpec = PacingSpec()
+    backend: BackendSpec = BackendSpec()
+    history: HistorySpec = HistorySpec()
+
+    @model_validator(mode="after")
+    def _check_quota(self) -> JobSpec:
+        need = self.minimum_job
+        q = self.quota.resources
+        if not need.fits_in(q):
+            raise ValueError(
+                f"quota ({q}) is smaller than the minimum job ({need}: "
+                f"{self.constraints.workers.min} worker(s) + {self.min_ps} PS at the smallest "
+                "node size); raise quota.cpu/quota.memory or lower constraints.*.min"
+            )
+        return self
+
+    # --- derived values -----------------------------------------------------------------
+    @property
+    def min_ps(self) -> int:
+        if self.strategy == "allreduce":
+            return 0
+        return max(self.constraints.ps.min, 1)
+
+    @property
+    def minimum_job(self) -> NodeResources:
+        w, p = self.constraints.workers, self.constraints.ps
+        wmin = NodeResources(
+            w.cpu_millicores or MIN_NODE.cpu_millicores, w.memory_mib or MIN_NODE.memory_mib
+        )
+        pmin = NodeResources(
+            p.cpu_millicores or MIN_NODE.cpu_millicores, p.memory_mib or MIN_NODE.memory_mib
+        )
+        return wmin * max(w.count or w.min, 1) + pmin * (
+            p.count if p.count is not None else self.min_ps
+        )
+
+    @property
+    def samples_total(self) -> int:
+        t = self.training
+        if t.steps is not None:
+            return t.steps * t.batch_size
+        return self.data.rows * (t.epochs or 1)
+
+    @property
+    def shard_size(self) -> int:
+        return self.training.batch_size * self.data.shard_batches
+
+    @property
+    def signature_key(self) -> str:
+        s = self.signature
+        model = s.model or f"{self.model.architecture.value}-{len(self.model.embedding_tables)}t"
+        dataset = s.dataset or f"{self.data.source}"
+        return f"{s.pipeline}/{model}/{dataset}"
+
+    @property
+    def embedding_rows(self) -> int | None:
+        """Total static rows, or None when any table is dynamic."""
+        total = 0
+        for t in self.model.embedding_tables:
+            if t.num_embeddings == "dynamic":
+                return None
+            total += int(t.num_embeddings)
+        return total
+
+
+MIN_NODE = NodeResources(cpu_millicores=500, memory_mib=512)
+"""The smallest node the planner will propose (half a core, 512 MiB)."""
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def _format_loc(loc: Iterable[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(spec)"
+
+
+_FIXES = {
+    "extra_forbidden": "unknown field; remove it or check its spelling against the example specs",
+    "missing": "required; add it",
+}
+
+
+def _problems(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        msg = _FIXES.get(e["type"]) or str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] in ("greater_than", "greater_than_equal") and "input" in e:
+            msg = f"{msg} (got {e['input']!r})"
+        out.append(f"{_format_loc(loc)}: {msg}")
+    return out
+
+
+def _coerce_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``path.to.field=value`` overrides (values parsed as YAML scalars).
+
+    Integer path parts index lists: ``model.embedding_tables.0.num_embeddings=5000``."""
+    problems: list[str] = []
+    for ov in overrides:
+        if "=" not in ov:
+            problems.append(f"--set {ov!r}: write it as path.to.field=value")
+            continue
+        path, _, raw = ov.partition("=")
+        keys = [k for k in path.strip().split(".") if k]
+        if not keys:
+            problems.append(f"--set {ov!r}: the field path is empty")
+            continue
+        node: Any = data
+        ok = True
+        for i, k in enumerate(keys[:-1]):
+            if isinstance(node, list):
+                if not k.isdigit() or int(k) >= len(node):
+                    problems.append(f"--set {ov!r}: {'.'.join(keys[: i + 1])} is not a list index")
+                    ok = False
+                    break
+                node = node[int(k)]
+            elif isinstance(node, dict):
+                node = node.setdefault(k, {})
+                if not isinstance(node, (dict, list)):
+                    problems.append(f"--set {ov!r}: {'.'.join(keys[: i + 1])} is not a section")
+                    ok = False
+                    break
+            else:
+                ok = False
+                problems.append(f"--set {ov!r}: {'.'.join(keys[:i])} is not a section")
+                break
+        if not ok:
+            continue
+        last = keys[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                problems.append(f"--set {ov!r}: {path} is not a list index")
+                continue
+            node[int(last)] = _coerce_scalar(raw)
+        else:
+            node[last] = _coerce_scalar(raw)
+    if problems:
+        raise SpecError("invalid --set override(s):", problems=problems)
+    return data
+
+
+def parse_spec(data: Mapping[str, Any], *, source: str = "spec") -> JobSpec:
+    try:
+        return JobSpec.model_validate(dict(data))
+    except ValidationError as e:
+        raise SpecError(f"{source} is invalid:", problems=_problems(e)) from None
+
+
+def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(f"spec file {str(p)!r} does not exist; pass an existing YAML or JSON file")
+    text = p.read_text()
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise SpecError(
+            f"spec file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}"
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"spec file {str(p)!r} must hold a mapping at the top level (name:, model:, quota: ...)"
+        )
+    return data
+
+
+def load_spec(
+    source: str | os.PathLike[str] | Mapping[str, Any], overrides: Iterable[str] = ()
+) -> JobSpec:
+    """Load a spec from a file path or a mapping, apply ``--set`` overrides, validate."""
+    if isinstance(source, Mapping):
+        data = json.loads(json.dumps(dict(source)))  # deep copy, JSON-able only
+        label = "spec"
+    else:
+        data = read_spec_file(source)
+        label = f"spec {str(source)!r}"
+    data = apply_overrides(data, overrides)
+    return parse_spec(data, source=label)
+
+
+def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
+    """JSON-able dict that :func:`load_spec` accepts back (aliases used)."""
+    return spec.model_dump(mode="json", by_alias=True)
+
+
+def check_finite(x: float, what: str) -> float:
+    if not math.isfinite(x):
+        raise InputError(f"{what} must be a finite number, got {x!r}")
+    return x

@@ -1,0 +1,88 @@
+"""Unit conversion at one boundary: "4Gi" / "500m" / 2.5 <-> memory_mib / cpu_millicores.
+
+Inside the project CPU is an ``int`` of millicores and memory an ``int`` of MiB; everything
+a user types (YAML, CLI, CSV) passes through here once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from dlrover_core.errors import InputError
+
+_MEM_FACTORS_MIB: dict[str, float] = {
+    "": 1.0 / (1024 * 1024),  # plain number = bytes (Kubernetes convention)
+    "Ki": 1.0 / 1024,
+    "Mi": 1.0,
+    "Gi": 1024.0,
+    "Ti": 1024.0 * 1024,
+    "K": 1000.0 / (1024 * 1024),
+    "k": 1000.0 / (1024 * 1024),
+    "M": 1000.0**2 / (1024 * 1024),
+    "G": 1000.0**3 / (1024 * 1024),
+    "T": 1000.0**4 / (1024 * 1024),
+}
+_MEM_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(Ki|Mi|Gi|Ti|K|k|M|G|T)?\s*$")
+_CPU_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(m)?\s*$")
+
+
+def memory_mib(value: str | int | float) -> int:
+    """Parse a Kubernetes memory quantity ("4Gi", "512Mi", "1G") to whole MiB (rounded up).
+
+    A bare int/float is taken as MiB already (the project's internal unit)."""
+    if isinstance(value, bool):
+        raise InputError(f"memory {value!r} is not a quantity; write e.g. '4Gi' or '512Mi'")
+    if isinstance(value, (int, float)):
+        if value < 0 or not math.isfinite(value):
+            raise InputError(f"memory {value!r} must be a finite number >= 0 (MiB)")
+        return int(math.ceil(value))
+    m = _MEM_RE.match(str(value))
+    if not m:
+        raise InputError(f"memory {value!r} is not a quantity; write e.g. '4Gi' or '512Mi'")
+    number, suffix = float(m.group(1)), m.group(2) or ""
+    if suffix == "":
+        # a bare number inside a string: MiB, like a bare int (bytes would surprise users)
+        return int(math.ceil(number))
+    return int(math.ceil(number * _MEM_FACTORS_MIB[suffix] - 1e-9))
+
+
+def cpu_millicores(value: str | int | float) -> int:
+    """Parse a CPU quantity ("500m", "2", 2.5) to millicores."""
+    if isinstance(value, bool):
+        raise InputError(f"cpu {value!r} is not a quantity; write e.g. '500m' or 2")
+    if isinstance(value, (int, float)):
+        if value < 0 or not math.isfinite(value):
+            raise InputError(f"cpu {value!r} must be a finite number of cores >= 0")
+        return int(round(value * 1000))
+    m = _CPU_RE.match(str(value))
+    if not m:
+        raise InputError(f"cpu {value!r} is not a quantity; write e.g. '500m' or '2'")
+    number = float(m.group(1))
+    return int(round(number)) if m.group(2) else int(round(number * 1000))
+
+
+def cores(millicores: int | float) -> float:
+    return millicores / 1000.0
+
+
+def millicores_from_cores(value: float) -> int:
+    return int(round(value * 1000))
+
+
+def format_cpu(millicores: int) -> str:
+    """Kubernetes form: whole cores as "2", fractions as "1500m"."""
+    if millicores % 1000 == 0:
+        return str(millicores // 1000)
+    return f"{millicores}m"
+
+
+def format_memory(mib: int) -> str:
+    """Kubernetes form: "4Gi" when whole GiB, else "1536Mi"."""
+    if mib % 1024 == 0 and mib > 0:
+        return f"{mib // 1024}Gi"
+    return f"{mib}Mi"
+
+
+def gib(mib: int | float) -> float:
+    return mib / 1024.0

@@ -1,0 +1,1 @@
+"""Airflow provider (thin shells over dlrover_core.api)."""

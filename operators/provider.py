@@ -1,0 +1,16 @@
+"""Airflow provider metadata, behind the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def get_provider_info() -> dict[str, Any]:
+    from dlrover_core import __version__
+
+    return {
+        "package-name": "dlrover-rm",
+        "name": "DLRover-RM",
+        "description": "Auto-sized, elastic DLRM training steps for Airflow DAGs.",
+        "versions": [__version__],
+    }

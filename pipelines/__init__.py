@@ -1,0 +1,1 @@
+"""Example recurring-retrain pipelines and job specs."""
