@@ -11,7 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dlrover_core.errors import DLRoverError
-from dlrover_core.model.throughput import ThroughputModel, fit_throughput_model
+from dlrover_core.model.throughput import (
+    PSExtendedThroughputModel,
+    ThroughputModel,
+    fit_throughput_model,
+)
 from dlrover_core.planner import scaling
 from dlrover_core.planner.bounds import JobBounds, ceil_mib
 from dlrover_core.planner.config import PlannerConfig
@@ -25,6 +29,13 @@ ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
 
 def _default_factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
+    """For PS jobs, the extended form (paper form + a light-load PS term, b4·B/λp) once six
+    configurations identify it — it halves the held-out error on queueing-like data
+    (tests/model) — and the paper's five-coefficient form before that."""
+    if strategy == "ps" and PSExtendedThroughputModel.count_configs(samples) >= 6:
+        ext = PSExtendedThroughputModel(batch_size=batch_size)
+        if ext.is_identifiable(samples):
+            return ext.fit(samples)
     return fit_throughput_model(samples, strategy, batch_size=batch_size)
 
 

@@ -124,7 +124,7 @@ def test_predict_oom_none_when_it_fits_and_errors() -> None:
     ],
 )
 def test_worker_memory(used: list[float], kwargs: dict[str, float], expected: int) -> None:
-    model = WorkerMemoryModel(**kwargs).fit(used)  # type: ignore[arg-type]
+    model = WorkerMemoryModel(**kwargs).fit(used)
     assert model.predict() == expected
     assert (
         WorkerMemoryModel.from_dict(json.loads(json.dumps(model.to_dict()))).predict() == expected

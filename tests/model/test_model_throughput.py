@@ -232,7 +232,7 @@ def test_heldout_mape_on_queueing_truth_in_operating_range() -> None:
     # configs: paper form 17.6 %, extended form 7.6 %. The paper form's miss is structural
     # (no light-load PS term), not a matter of range.
     def util(c: Config) -> float:
-        w, p, lw, lp = c
+        _w, p, _lw, lp = c
         return mva_truth(*c) / B * (0.0008 * B / (p * lp) + 0.002)
 
     configs = [c for c in GRID if 0.2 <= util(c) <= 0.9]
@@ -252,7 +252,7 @@ def test_heldout_mape_on_smooth_min_truth() -> None:
     train, test = split()
     model = PSThroughputModel(batch_size=B).fit(make_samples(train, smooth_min_truth))
     assert mape(model, test, smooth_min_truth) < 0.12
-    pred, lo, up = model.predict_bounds_many(np.array(test, dtype=float))
+    _, lo, up = model.predict_bounds_many(np.array(test, dtype=float))
     true = np.array([smooth_min_truth(*c) for c in test])
     assert np.mean((lo <= true) & (true <= up)) >= 0.9
 

@@ -1,0 +1,112 @@
+"""The one seam: every shell (CLI, KFP component, Airflow operator) calls these functions with
+JSON-able arguments and gets JSON-able results back."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlrover_core.errors import InputError
+from dlrover_core.history.records import read_history_json
+from dlrover_core.model.samples_io import read_configs_csv, read_samples_csv
+from dlrover_core.model.throughput import fit_throughput_model, model_from_dict
+from dlrover_core.planner import Planner
+from dlrover_core.spec import JobSpec, load_spec
+from dlrover_core.types import HistoryRecord, Sample
+
+SpecLike = str | Path | Mapping[str, Any] | JobSpec
+
+
+def resolve_spec(spec: SpecLike, overrides: Iterable[str] = ()) -> JobSpec:
+    if isinstance(spec, JobSpec):
+        if overrides:
+            from dlrover_core.spec import spec_to_dict
+
+            return load_spec(spec_to_dict(spec), overrides)
+        return spec
+    return load_spec(spec, overrides)
+
+
+def load_history(url: str | None) -> list[HistoryRecord]:
+    """Records for warm start. Accepts a JSON export (``path.json`` or ``file://path.json``)."""
+    if not url:
+        return []
+    path = url.removeprefix("file://")
+    if path.endswith(".json"):
+        return read_history_json(path)
+    raise InputError(
+        f"history {url!r}: this version reads a JSON export of run records "
+        "(path ending in .json); pass one, or omit --history for a cold start"
+    )
+
+
+def plan(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    samples: str | Path | Sequence[Sample] | None = None,
+    history: str | None = None,
+    now_s: float | None = None,
+) -> dict[str, Any]:
+    """Stage 1 (and stage 2 when ``samples`` identify the model): the plan as a dict."""
+    js = resolve_spec(spec, overrides)
+    smp = read_samples_csv(samples) if isinstance(samples, (str, Path)) else list(samples or [])
+    recs = load_history(history)
+    t0 = time.perf_counter()
+    p = Planner(js).offline_plan(smp, recs, now_s if now_s is not None else time.time())
+    out = p.to_dict()
+    out["job"] = js.name
+    out["signature"] = js.signature_key
+    out["planning_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    return out
+
+
+def fit_model(
+    samples: str | Path, out: str | Path | None = None, strategy: str = "ps"
+) -> dict[str, Any]:
+    smp = read_samples_csv(samples)
+    batch = next((s.batch_size for s in smp if s.batch_size), 512)
+    model = fit_throughput_model(smp, strategy, batch_size=batch)
+    d = model.to_dict()
+    if out is not None:
+        Path(out).write_text(json.dumps(d, indent=2) + "\n")
+    return d
+
+
+def predict(model: str | Path | Mapping[str, Any], configs: str | Path) -> str:
+    """CSV text: the input columns plus ``predicted_throughput`` (and its bounds)."""
+    if isinstance(model, Mapping):
+        md = dict(model)
+    else:
+        mp = Path(model)
+        if not mp.exists():
+            raise InputError(
+                f"model file {str(mp)!r} does not exist; write one with `dlrover-rm model fit`"
+            )
+        try:
+            md = json.loads(mp.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(f"model file {str(mp)!r} is not valid JSON: {e}") from None
+    m = model_from_dict(md)
+    header, rows, arr = read_configs_csv(configs)
+    x, lo, up = m.predict_bounds_many(arr)
+    buf = io.StringIO()
+    import csv
+
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*header, "predicted_throughput", "predicted_lower", "predicted_upper"])
+    for row, a, b, c in zip(rows, x, lo, up, strict=True):
+        w.writerow([*row, f"{a:.6g}", f"{b:.6g}", f"{c:.6g}"])
+    return buf.getvalue()
+
+
+def simulate(
+    jobs: int = 200, seed: int = 0, policies: Sequence[str] | None = None
+) -> dict[str, Any]:
+    from dlrover_core.sim.runner import simulate as run_sim
+
+    return run_sim(jobs, seed, policies)

@@ -1,0 +1,165 @@
+"""`dlrover-rm ...` — a thin shell over dlrover_core.api. Errors print one clear message and
+exit non-zero; no traceback reaches the user."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dlrover_core import __version__, api
+from dlrover_core.errors import DLRoverError
+
+EXAMPLE_SPEC = Path(__file__).resolve().parent.parent / "pipelines" / "specs" / "small.yaml"
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", required=True, help="job spec, YAML or JSON")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a spec field, e.g. --set quota.cpu=8 (repeatable)",
+    )
+
+
+def _write_json(data: Any, out: str | None) -> None:
+    text = json.dumps(data, indent=2) + "\n"
+    if out:
+        Path(out).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    result = api.plan(a.spec, overrides=a.overrides, samples=a.samples, history=a.history)
+    if a.out:
+        _write_json(result, a.out)
+    if a.json:
+        _write_json(result, None)
+    else:
+        from dlrover_core.types import ResourcePlan
+
+        print(f"plan for job {result['job']!r} (signature {result['signature']})")
+        print(ResourcePlan.from_dict(result).describe())
+        print(
+            f"computed in {result['planning_ms']:.2f} ms"
+            + (f"; written to {a.out}" if a.out else "")
+        )
+    return 0
+
+
+def cmd_model_fit(a: argparse.Namespace) -> int:
+    d = api.fit_model(a.samples, a.out, strategy=a.strategy)
+    fitted = d.get("fitted") or {}
+    print(
+        f"fitted {d['kind']} on {fitted.get('n_samples', '?')} samples "
+        f"({fitted.get('n_configs', '?')} configurations); written to {a.out}"
+    )
+    return 0
+
+
+def cmd_model_predict(a: argparse.Namespace) -> int:
+    sys.stdout.write(api.predict(a.model, a.configs))
+    return 0
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from dlrover_core.sim.runner import format_table
+
+    policies = [p.strip() for p in a.policies.split(",")] if a.policies else None
+    result = api.simulate(a.jobs, a.seed, policies)
+    if a.json:
+        _write_json(result, a.json)
+    print(format_table(result))
+    if a.json:
+        print(f"JSON written to {a.json}")
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    print("== dlrover-rm demo: plan the example job, then simulate a shared cluster ==\n")
+    print(f"-- 1. plan {EXAMPLE_SPEC.name} (cold start: no history yet)")
+    res = api.plan(str(EXAMPLE_SPEC))
+    from dlrover_core.types import ResourcePlan
+
+    print(ResourcePlan.from_dict(res).describe())
+    print(
+        f"\n-- 2. simulate {a.jobs} DLRM jobs on a shared CPU cluster, "
+        "every policy on the same trace"
+    )
+    from dlrover_core.sim.runner import format_table
+
+    print(format_table(api.simulate(a.jobs, a.seed, None)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="dlrover-rm",
+        description="Auto-size and run elastic DLRM training (after DLRover-RM, VLDB 2024).",
+    )
+    ap.add_argument("--version", action="version", version=f"dlrover-rm {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="plan resources for a job (stage 1, + stage 2 with samples)")
+    _spec_args(p)
+    p.add_argument(
+        "--samples", help="profiled samples CSV (workers,ps,worker_cpu,ps_cpu,throughput)"
+    )
+    p.add_argument("--history", help="run history for warm start (JSON export of run records)")
+    p.add_argument("--out", help="write the plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+    m = sub.add_parser("model", help="fit or query the resource-performance model")
+    msub = m.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    f = msub.add_parser("fit", help="fit the throughput model to a samples CSV")
+    f.add_argument("--samples", required=True)
+    f.add_argument("--out", required=True, help="model JSON to write")
+    f.add_argument("--strategy", default="ps", choices=["ps", "ps_extended", "allreduce"])
+    f.set_defaults(func=cmd_model_fit)
+    pr = msub.add_parser("predict", help="predict throughput for configurations (CSV to stdout)")
+    pr.add_argument("--model", required=True)
+    pr.add_argument("--configs", required=True, help="CSV with workers,ps,worker_cpu,ps_cpu")
+    pr.set_defaults(func=cmd_model_predict)
+
+    s = sub.add_parser("simulate", help="compare resource policies on a simulated shared cluster")
+    s.add_argument("--jobs", type=int, default=200)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--policies", help="comma-separated; default: all available")
+    s.add_argument("--json", metavar="OUT", help="write the results JSON here")
+    s.set_defaults(func=cmd_simulate)
+
+    d = sub.add_parser("demo", help="the example, end to end, on the embedded defaults")
+    d.add_argument("--jobs", type=int, default=300)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=cmd_demo)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "jobs", 1) is not None and getattr(args, "jobs", 1) < 1:
+        print("error: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except DLRoverError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

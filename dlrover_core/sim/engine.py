@@ -1,0 +1,671 @@
+"""Discrete-event simulator of a shared CPU cluster running DLRM PS jobs under one policy.
+
+Between events every job runs at a constant true rate, so progress, CPU/memory integrals,
+the failure hazard and the PS memory growth are integrated exactly and the next event
+(completion, OOM crossing, node failure, code bug, node back up, pause end, policy call) is
+solved for in closed form: no ticks, no wall clock, no threads.
+
+Policies see only ``Observation``s, steady-window ``Sample``s, exits with their class and
+``HistoryRecord``s of earlier runs of the same signature (see policies.py).
+
+Conservation laws (tested): the allocated total never exceeds the cluster capacity; every job
+ends (completed or failed; a horizon guard fails what is left); samples done <= total.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from dlrover_core.sim.policies import ExitClass, JobView, Policy, RelaunchDecision
+from dlrover_core.sim.trace import TraceJob
+from dlrover_core.types import (
+    HistoryRecord,
+    NodeObservation,
+    NodeOverride,
+    NodeResources,
+    NodeState,
+    Observation,
+    ResourcePlan,
+    Role,
+    Sample,
+)
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    worker_pause_s: float = 30.0  # job-wide pause when workers are added/resized
+    ps_pause_s: float = 120.0  # job-wide pause for a PS change / migration
+    relaunch_delay_s: float = 60.0  # a relaunched node is allocated but not up yet
+    sample_window_s: float = 240.0  # config stable this long -> a Sample
+    max_relaunches: int = 3  # per node
+    node_failure_per_hour: float = 1.0 / 150.0  # Poisson, per allocated node
+    hardware_fraction: float = 0.3  # of failures; the rest are KILLED (preemption)
+    straggler_prob: float = 0.05
+    straggler_speed: tuple[float, float] = (0.3, 0.6)
+    keep_observations: int = 24
+    keep_samples: int = 64
+    head_reservation_s: float = 1800.0  # queue head waiting longer blocks backfill
+    horizon_extra_s: float = 14 * 86_400.0
+
+
+class _Node:
+    __slots__ = ("role", "node_id", "res", "speed", "down_until", "restarts", "pending")
+
+    def __init__(self, role: Role, node_id: int, res: NodeResources, speed: float, up: float):
+        self.role = role
+        self.node_id = node_id
+        self.res = res
+        self.speed = speed
+        self.down_until = up
+        self.restarts = 0
+        self.pending: NodeResources | None = None  # waiting for capacity to relaunch
+
+
+@dataclass
+class _Run:
+    job: TraceJob
+    view: JobView
+    rng_fail: np.random.Generator
+    rng_strag: np.random.Generator
+    rng_noise: np.random.Generator
+    status: str = "queued"  # queued | running | completed | failed
+    plan: ResourcePlan | None = None
+    pending_plan: ResourcePlan | None = None
+    pending_since: float = 0.0
+    workers: list[_Node] = field(default_factory=list)
+    ps: list[_Node] = field(default_factory=list)
+    start_s: float = 0.0
+    end_s: float = 0.0
+    t_last: float = 0.0
+    done: float = 0.0
+    paused_until: float = 0.0
+    config_since: float = 0.0
+    next_policy_s: float = INF
+    version: int = 0
+    hazard: float = 0.0
+    hazard_next: float = 0.0
+    # current piecewise-constant state
+    x: float = 0.0
+    xw: float = 0.0
+    w_used: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    p_used: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cpu_used: float = 0.0  # cores
+    alloc_cpu_m: int = 0
+    alloc_mem: int = 0
+    n_alloc: int = 0
+    up_workers: list[_Node] = field(default_factory=list)
+    ps_all_up: bool = False
+    # accounting
+    cpu_used_cs: float = 0.0
+    cpu_alloc_cs: float = 0.0
+    mem_used_ms: float = 0.0
+    mem_alloc_ms: float = 0.0
+    scaling_ops: int = 0
+    oom_count: int = 0
+    fail_reason: str = ""
+    peak_w_cpu: float = 0.0
+    peak_w_mem: float = 0.0
+    peak_p_cpu: float = 0.0
+    peak_p_mem: float = 0.0
+    observations: list[Observation] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+
+def job_view(job: TraceJob) -> JobView:
+    return JobView(
+        name=job.name,
+        signature=job.signature,
+        user=job.user,
+        manual_plan=job.manual_plan,
+        quota=job.quota,
+        batch_size=job.batch_size,
+        samples_total=job.samples_total,
+        rows=job.rows,
+        epochs=job.epochs,
+        embedding_dim=job.embedding_dim,
+        sparse_features=job.sparse_features,
+        dense_features=job.dense_features,
+        submit_s=job.submit_s,
+    )
+
+
+def cluster_capacity(jobs: Sequence[TraceJob], load: float = 0.9) -> NodeResources:
+    """Cluster size at which the manual requests keep it ~``load`` busy on average (so
+    over-requests queue) yet any single quota fits four times over."""
+    span = max(j.submit_s for j in jobs) - min(j.submit_s for j in jobs) + 86_400.0
+    cpu = sum(j.manual_plan.total.cpu_millicores * j.manual_duration_s for j in jobs) / span
+    mem = sum(j.manual_plan.total.memory_mib * j.manual_duration_s for j in jobs) / span
+    big = max(j.quota.cpu_millicores for j in jobs)
+    bigm = max(j.quota.memory_mib for j in jobs)
+    return NodeResources(int(max(cpu / load, 2 * big)), int(max(mem / load, 2 * bigm)))
+
+
+class Engine:
+    """Run ``policy`` over ``jobs`` on a cluster of ``capacity``."""
+
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        policy: Policy,
+        capacity: NodeResources,
+        seed: int,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.cfg = config or EngineConfig()
+        self.policy = policy
+        self.capacity = capacity
+        self.seed = seed
+        self.runs = [
+            _Run(
+                job=j,
+                view=job_view(j),
+                rng_fail=np.random.default_rng([seed, j.index, 101]),
+                rng_strag=np.random.default_rng([seed, j.index, 102]),
+                rng_noise=np.random.default_rng([seed, j.index, 103]),
+            )
+            for j in jobs
+        ]
+        self.free_cpu = capacity.cpu_millicores
+        self.free_mem = capacity.memory_mib
+        self.max_alloc = NodeResources(0, 0)
+        self.queue: list[_Run] = []
+        self.history: dict[str, list[HistoryRecord]] = {}
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self._fail_rate = self.cfg.node_failure_per_hour / 3600.0
+        self.now = 0.0
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+    def _alloc(self, cpu_m: int, mem: int) -> None:
+        self.free_cpu -= cpu_m
+        self.free_mem -= mem
+        if self.free_cpu < 0 or self.free_mem < 0:
+            raise RuntimeError("simulator bug: allocation exceeds cluster capacity")
+        used = self.capacity - NodeResources(self.free_cpu, self.free_mem)
+        if not used.fits_in(self.max_alloc):
+            self.max_alloc = NodeResources(
+                max(used.cpu_millicores, self.max_alloc.cpu_millicores),
+                max(used.memory_mib, self.max_alloc.memory_mib),
+            )
+
+    def _fits(self, cpu_m: int, mem: int) -> bool:
+        return cpu_m <= self.free_cpu and mem <= self.free_mem
+
+    def _push(self, t: float, run_idx: int, version: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, run_idx, version))
+
+    def _new_worker(self, run: _Run, node_id: int, res: NodeResources, up: float) -> _Node:
+        speed = 1.0
+        if run.rng_strag.random() < self.cfg.straggler_prob:
+            speed = float(run.rng_strag.uniform(*self.cfg.straggler_speed))
+        return _Node(Role.WORKER, node_id, res, speed, up)
+
+    # ---- state of one run ----------------------------------------------------------------
+    def _refresh(self, run: _Run, t: float) -> None:
+        """Recompute the piecewise-constant rate and usage after any change at time t."""
+        truth = run.job.truth
+        nodes = run.workers + run.ps
+        run.alloc_cpu_m = sum(n.res.cpu_millicores for n in nodes if n.pending is None)
+        run.alloc_mem = sum(n.res.memory_mib for n in nodes if n.pending is None)
+        run.n_alloc = sum(1 for n in nodes if n.pending is None)
+        run.up_workers = [n for n in run.workers if n.down_until <= t]
+        run.ps_all_up = all(n.down_until <= t for n in run.ps) and bool(run.ps)
+        wc = np.array([n.res.cpu_cores for n in run.up_workers])
+        pc = np.array([n.res.cpu_cores for n in run.ps])
+        if run.up_workers and run.ps_all_up:
+            x, xw, _, _ = truth.rates(wc, pc, [n.speed for n in run.up_workers])
+        else:
+            x, xw = 0.0, 0.0
+        if t < run.paused_until:
+            x = 0.0
+        run.x = x
+        run.xw = xw
+        if run.ps_all_up and run.up_workers:
+            run.w_used, run.p_used = truth.cpu_used(wc, pc, x, xw if xw > 0 else 1.0)
+        else:
+            run.w_used = np.minimum(wc, 0.5 * truth.o_w)
+            run.p_used = np.minimum(pc, 0.5 * truth.o_p) if run.ps_all_up else np.zeros(0)
+        run.cpu_used = float(run.w_used.sum() + run.p_used.sum())
+        if run.w_used.size:
+            run.peak_w_cpu = max(run.peak_w_cpu, float(run.w_used.max()))
+            run.peak_w_mem = max(run.peak_w_mem, truth.worker_memory_mib)
+        if run.p_used.size:
+            run.peak_p_cpu = max(run.peak_p_cpu, float(run.p_used.max()))
+
+    def _ps_mem(self, run: _Run, n: float) -> np.ndarray:
+        return run.job.truth.ps_memory_used(len(run.ps), n) if run.ps else np.zeros(0)
+
+    def _advance(self, run: _Run, t: float) -> None:
+        dt = t - run.t_last
+        if dt <= 0:
+            return
+        n0 = run.done
+        run.done = min(float(run.job.samples_total), run.done + run.x * dt)
+        run.cpu_used_cs += run.cpu_used * dt
+        run.cpu_alloc_cs += run.alloc_cpu_m / 1000.0 * dt
+        run.mem_alloc_ms += run.alloc_mem * dt
+        truth = run.job.truth
+        mem = len(run.up_workers) * truth.worker_memory_mib
+        if run.ps_all_up:
+            pm = self._ps_mem(run, 0.5 * (n0 + run.done))
+            mem += float(pm.sum())
+            run.peak_p_mem = max(run.peak_p_mem, float(self._ps_mem(run, run.done).max()))
+        run.mem_used_ms += mem * dt
+        run.hazard += run.n_alloc * self._fail_rate * dt
+        run.t_last = t
+
+    def _next_event(self, run: _Run, t: float) -> float:
+        cands = [run.next_policy_s]
+        if run.paused_until > t:
+            cands.append(run.paused_until)
+        for n in run.workers + run.ps:
+            if t < n.down_until < INF:
+                cands.append(n.down_until)
+        total = run.job.samples_total
+        if run.x > 0:
+            cands.append(t + (total - run.done) / run.x)
+            if run.job.fatal_at_fraction is not None:
+                cands.append(t + max(0.0, run.job.fatal_at_fraction * total - run.done) / run.x)
+            limits = np.array([n.res.memory_mib for n in run.ps], dtype=np.float64)
+            n_oom = run.job.truth.ps_oom_samples(len(run.ps), limits)
+            cands.append(t + max(0.0, n_oom - run.done) / run.x)
+        if run.n_alloc:
+            cands.append(t + (run.hazard_next - run.hazard) / (run.n_alloc * self._fail_rate))
+        return max(t, min(cands))
+
+    def _schedule(self, run_idx: int, t: float) -> None:
+        run = self.runs[run_idx]
+        run.version += 1
+        if run.status == "running":
+            self._push(self._next_event(run, t), run_idx, run.version)
+
+    # ---- plans ---------------------------------------------------------------------------
+    def _valid(self, run: _Run, plan: ResourcePlan) -> bool:
+        return (
+            plan.workers.count >= 1
+            and plan.ps.count >= 1
+            and plan.workers.resources.cpu_millicores > 0
+            and plan.ps.resources.cpu_millicores > 0
+            and plan.total.fits_in(run.job.quota)
+        )
+
+    def _apply(self, run: _Run, plan: ResourcePlan, t: float) -> bool:
+        """Apply a new plan if the cluster has room for the difference; else keep it pending."""
+        old_over = {(o.role, o.node_id, o.resources) for o in (run.plan.overrides if run.plan else ())}
+        new_w: list[_Node] = []
+        new_p: list[_Node] = []
+        for role, old_nodes, out in ((Role.WORKER, run.workers, new_w), (Role.PS, run.ps, new_p)):
+            for i in range(plan.role(role).count):
+                res = plan.node_resources(role, i)
+                old = old_nodes[i] if i < len(old_nodes) else None
+                fresh_override = any(
+                    o.role is role and o.node_id == i and (o.role, o.node_id, o.resources) not in old_over
+                    for o in plan.overrides
+                )
+                if old is not None and old.res == res and not fresh_override and old.pending is None:
+                    out.append(old)
+                elif role is Role.WORKER:
+                    out.append(self._new_worker(run, i, res, t))
+                else:
+                    out.append(_Node(Role.PS, i, res, 1.0, t))
+        old_cpu, old_mem = run.alloc_cpu_m, run.alloc_mem
+        new_cpu = sum(n.res.cpu_millicores for n in new_w + new_p)
+        new_mem = sum(n.res.memory_mib for n in new_w + new_p)
+        if not self._fits(new_cpu - old_cpu, new_mem - old_mem):
+            if run.pending_plan is None or not run.pending_plan.same_allocation(plan):
+                run.pending_since = t
+            run.pending_plan = plan
+            return False
+        ps_changed = len(new_p) != len(run.ps) or any(a is not b for a, b in zip(new_p, run.ps))
+        w_changed = len(new_w) != len(run.workers) or any(
+            a is not b for a, b in zip(new_w, run.workers)
+        )
+        self._alloc(new_cpu - old_cpu, new_mem - old_mem)
+        run.workers, run.ps = new_w, new_p
+        first = run.plan is None
+        run.plan = plan
+        run.pending_plan = None
+        if not first and (ps_changed or w_changed):
+            run.scaling_ops += 1
+            pause = self.cfg.ps_pause_s if ps_changed else self.cfg.worker_pause_s
+            run.paused_until = max(run.paused_until, t + pause)
+            run.config_since = t
+        self._refresh(run, t)
+        return True
+
+    # ---- observations --------------------------------------------------------------------
+    def _observe(self, run: _Run, t: float) -> Observation:
+        truth = run.job.truth
+        noise = float(np.exp(run.rng_noise.normal(0.0, truth.noise_sigma)))
+        nodes: list[NodeObservation] = []
+        up_i = 0
+        w_total_speed = sum(n.speed for n in run.up_workers) or 1.0
+        pmem = self._ps_mem(run, run.done)
+        for n in run.workers:
+            if n.down_until <= t:
+                used = float(run.w_used[up_i]) if up_i < run.w_used.size else 0.0
+                up_i += 1
+                nodes.append(
+                    NodeObservation(
+                        Role.WORKER, n.node_id, NodeState.RUNNING, n.res,
+                        int(used * 1000), int(truth.worker_memory_mib),
+                        run.config_since, run.x * noise * n.speed / w_total_speed,
+                    )
+                )
+            else:
+                nodes.append(NodeObservation(Role.WORKER, n.node_id, NodeState.PENDING, n.res))
+        for i, n in enumerate(run.ps):
+            if n.down_until <= t and run.p_used.size:
+                nodes.append(
+                    NodeObservation(
+                        Role.PS, n.node_id, NodeState.RUNNING, n.res,
+                        int(float(run.p_used[i]) * 1000), int(pmem[i]), run.config_since,
+                    )
+                )
+            else:
+                nodes.append(NodeObservation(Role.PS, n.node_id, NodeState.PENDING, n.res))
+        if run.pending_plan is not None:
+            for role, have in ((Role.WORKER, len(run.workers)), (Role.PS, len(run.ps))):
+                for i in range(have, run.pending_plan.role(role).count):
+                    nodes.append(
+                        NodeObservation(
+                            role, i, NodeState.PENDING, run.pending_plan.node_resources(role, i),
+                            state_since_s=run.pending_since,
+                        )
+                    )
+        return Observation(
+            time_s=t,
+            nodes=tuple(nodes),
+            throughput_sps=run.x * noise,
+            samples_done=int(run.done),
+            samples_total=run.job.samples_total,
+            distinct_ids=int(truth.distinct_ids(run.done)),
+        )
+
+    def _policy_call(self, run: _Run, t: float) -> None:
+        obs = self._observe(run, t)
+        run.observations.append(obs)
+        del run.observations[: -self.cfg.keep_observations]
+        steady = (
+            run.x > 0
+            and t - run.config_since >= self.cfg.sample_window_s
+            and len(run.up_workers) == len(run.workers)
+            and run.plan is not None
+        )
+        if steady and run.plan is not None:
+            pm = self._ps_mem(run, run.done)
+            run.samples.append(
+                Sample(
+                    workers=len(run.workers),
+                    ps=len(run.ps),
+                    worker_cpu_cores=run.plan.workers.resources.cpu_cores,
+                    ps_cpu_cores=run.plan.ps.resources.cpu_cores,
+                    throughput_sps=obs.throughput_sps,
+                    batch_size=run.job.batch_size,
+                    worker_memory_mib=run.job.truth.worker_memory_mib,
+                    ps_memory_mib=float(pm.max()) if pm.size else None,
+                    ps_cpu_util=max(n.cpu_util for n in obs.of(Role.PS)) if run.p_used.size else None,
+                    worker_cpu_util=float(np.mean([n.cpu_util for n in obs.of(Role.WORKER)])),
+                    timestamp_s=t,
+                )
+            )
+            del run.samples[: -self.cfg.keep_samples]
+        assert run.plan is not None
+        new = self.policy.replan(run.view, run.plan, run.observations, run.samples, t)
+        if new is not None and self._valid(run, new) and not new.same_allocation(run.plan):
+            self._apply(run, new, t)
+        elif run.pending_plan is not None:
+            self._apply(run, run.pending_plan, t)
+        interval = self.policy.interval_s
+        run.next_policy_s = t + interval if interval else INF
+
+    # ---- exits ---------------------------------------------------------------------------
+    def _finish(self, run: _Run, t: float, ok: bool, reason: str = "") -> None:
+        run.status = "completed" if ok else "failed"
+        run.fail_reason = reason
+        run.end_s = t
+        self._alloc(-run.alloc_cpu_m, -run.alloc_mem)
+        run.alloc_cpu_m = run.alloc_mem = run.n_alloc = 0
+        run.version += 1
+        if run.plan is not None:
+            wall = t - run.start_s
+            self.history.setdefault(run.job.signature, []).append(
+                HistoryRecord(
+                    signature=run.job.signature,
+                    finished_at_s=t,
+                    final_plan=run.plan,
+                    succeeded=ok,
+                    worker_cpu_used_millicores=int(run.peak_w_cpu * 1000),
+                    worker_memory_used_mib=int(run.peak_w_mem),
+                    ps_cpu_used_millicores=int(run.peak_p_cpu * 1000),
+                    ps_memory_used_mib=int(run.peak_p_mem),
+                    throughput_sps=run.done / wall if wall > 0 else 0.0,
+                    wall_s=wall,
+                    extra={"job": run.job.name, "oom_count": run.oom_count, "reason": reason},
+                )
+            )
+
+    def _node_exit(self, run: _Run, node: _Node, cls: ExitClass, t: float) -> None:
+        if cls is ExitClass.OOM:
+            run.oom_count += 1
+        if cls is ExitClass.FATAL:
+            self._finish(run, t, False, "fatal code error")
+            return
+        assert run.plan is not None
+        if node.restarts >= self.cfg.max_relaunches:
+            dec = RelaunchDecision(False, reason="relaunch budget exhausted")
+        else:
+            dec = self.policy.on_node_exit(
+                run.view, node.role, node.node_id, cls, node.res, run.plan, node.restarts
+            )
+        if dec.plan is not None and self._valid(run, dec.plan):
+            node.restarts += 1
+            node.res = NodeResources(0, 0) if False else node.res
+            restarts = node.restarts
+            if self._apply(run, dec.plan, t):
+                group = run.workers if node.role is Role.WORKER else run.ps
+                if node.node_id < len(group):
+                    group[node.node_id].restarts = restarts
+                    if group[node.node_id] is node:
+                        node.down_until = t + self.cfg.relaunch_delay_s
+                    run.config_since = t
+                self._refresh(run, t)
+                return
+        if dec.relaunch or (dec.plan is not None):
+            new_res = dec.resources or node.res
+            node.restarts += 1
+            run.config_since = t
+            if new_res != node.res:
+                d_cpu = new_res.cpu_millicores - node.res.cpu_millicores
+                d_mem = new_res.memory_mib - node.res.memory_mib
+                if self._fits(d_cpu, d_mem):
+                    self._alloc(d_cpu, d_mem)
+                    node.res = new_res
+                    run.plan = _with_override(run.plan, node.role, node.node_id, new_res)
+                else:  # wait for room: release the old allocation, relaunch when it fits
+                    self._alloc(-node.res.cpu_millicores, -node.res.memory_mib)
+                    node.pending = new_res
+                    node.down_until = INF
+                    self._refresh(run, t)
+                    return
+            if node.role is Role.WORKER:
+                fresh = self._new_worker(run, node.node_id, node.res, t)
+                node.speed = fresh.speed
+            node.down_until = t + self.cfg.relaunch_delay_s
+            self._refresh(run, t)
+            return
+        if node.role is Role.PS:
+            self._finish(run, t, False, f"ps-{node.node_id} lost ({cls.value}, {dec.reason})")
+            return
+        # a worker that is not relaunched: the job continues with fewer workers
+        self._alloc(-node.res.cpu_millicores, -node.res.memory_mib)
+        run.workers = [n for n in run.workers if n is not node]
+        for i, n in enumerate(run.workers):
+            n.node_id = i
+        if not run.workers:
+            self._finish(run, t, False, "no worker left")
+            return
+        run.plan = replace(
+            run.plan,
+            workers=replace(run.plan.workers, count=len(run.workers)),
+            overrides=tuple(o for o in run.plan.overrides if o.role is Role.PS),
+        )
+        self._refresh(run, t)
+
+    def _retry_pending_nodes(self, run: _Run, t: float) -> bool:
+        changed = False
+        for n in run.workers + run.ps:
+            if n.pending is not None and self._fits(n.pending.cpu_millicores, n.pending.memory_mib):
+                self._alloc(n.pending.cpu_millicores, n.pending.memory_mib)
+                n.res = n.pending
+                n.pending = None
+                n.down_until = t + self.cfg.relaunch_delay_s
+                assert run.plan is not None
+                run.plan = _with_override(run.plan, n.role, n.node_id, n.res)
+                changed = True
+        if changed:
+            self._refresh(run, t)
+        return changed
+
+    # ---- the loop ------------------------------------------------------------------------
+    def _start(self, run: _Run, t: float) -> None:
+        run.status = "running"
+        run.start_s = t
+        run.t_last = t
+        run.config_since = t
+        run.hazard_next = float(run.rng_fail.exponential())
+        plan = run.plan
+        run.plan = None
+        assert plan is not None
+        self._apply(run, plan, t)
+        interval = self.policy.interval_s
+        run.next_policy_s = t + interval if interval else INF
+
+    def _try_admit(self, t: float) -> None:
+        for idx, run in enumerate(self.runs):
+            if run.status == "running" and (run.pending_plan is not None or any(
+                n.pending is not None for n in run.workers + run.ps
+            )):
+                self._advance(run, t)
+                changed = self._retry_pending_nodes(run, t)
+                if run.pending_plan is not None:
+                    changed = self._apply(run, run.pending_plan, t) or changed
+                if changed:
+                    self._schedule(idx, t)
+        still: list[_Run] = []
+        blocked = False
+        for run in self.queue:
+            assert run.plan is not None
+            tot = run.plan.total
+            if not blocked and self._fits(tot.cpu_millicores, tot.memory_mib):
+                self._start(run, t)
+                self._schedule(run.job.index, t)
+            else:
+                still.append(run)
+                if not still[1:] and t - run.job.submit_s > self.cfg.head_reservation_s:
+                    blocked = True
+        self.queue = still
+
+    def _arrive(self, run: _Run, t: float) -> None:
+        hist = [h for h in self.history.get(run.job.signature, []) if h.finished_at_s <= t]
+        plan = self.policy.initial_plan(run.view, hist, t)
+        if not self._valid(run, plan):
+            plan = run.job.manual_plan
+        run.plan = plan
+        self.queue.append(run)
+
+    def _handle(self, run: _Run, t: float) -> None:
+        self._advance(run, t)
+        truth = run.job.truth
+        total = run.job.samples_total
+        if run.done >= total - 1e-6:
+            run.done = float(total)
+            self._finish(run, t, True)
+            return
+        frac = run.job.fatal_at_fraction
+        if frac is not None and run.done >= frac * total - 1e-6:
+            self._finish(run, t, False, "fatal code error")
+            return
+        self._refresh(run, t)
+        # OOM: any up node above its limit
+        for n in run.up_workers:
+            if truth.worker_memory_mib > n.res.memory_mib:
+                self._node_exit(run, n, ExitClass.OOM, t)
+                return
+        if run.ps_all_up:
+            pm = self._ps_mem(run, run.done)
+            for i, n in enumerate(run.ps):
+                if pm[i] > n.res.memory_mib * (1 + 1e-9):
+                    self._node_exit(run, n, ExitClass.OOM, t)
+                    return
+        if run.n_alloc and run.hazard >= run.hazard_next - 1e-9:
+            run.hazard_next = run.hazard + float(run.rng_fail.exponential())
+            alive = [n for n in run.workers + run.ps if n.pending is None]
+            victim = alive[int(run.rng_fail.integers(0, len(alive)))]
+            hw = run.rng_fail.random() < self.cfg.hardware_fraction
+            self._node_exit(run, victim, ExitClass.HARDWARE if hw else ExitClass.KILLED, t)
+            return
+        if t >= run.next_policy_s:
+            self._policy_call(run, t)
+
+    def run(self) -> dict[str, Any]:
+        if not self.runs:
+            return self._result(0.0)
+        arrivals = sorted(range(len(self.runs)), key=lambda i: self.runs[i].job.submit_s)
+        horizon = self.runs[arrivals[-1]].job.submit_s + self.cfg.horizon_extra_s
+        ai = 0
+        t = 0.0
+        while True:
+            t_arr = self.runs[arrivals[ai]].job.submit_s if ai < len(arrivals) else INF
+            t_ev = self._heap[0][0] if self._heap else INF
+            t = min(t_arr, t_ev)
+            if t == INF or t > horizon:
+                break
+            self.now = t
+            if t_arr <= t_ev:
+                self._arrive(self.runs[arrivals[ai]], t)
+                ai += 1
+                self._try_admit(t)
+                continue
+            _, _, idx, version = heapq.heappop(self._heap)
+            run = self.runs[idx]
+            if version != run.version or run.status != "running":
+                continue
+            before = (run.alloc_cpu_m, run.alloc_mem, run.status)
+            self._handle(run, t)
+            self._schedule(idx, t)
+            after = (run.alloc_cpu_m, run.alloc_mem, run.status)
+            if after != before or self.queue:
+                self._try_admit(t)
+        end = min(t, horizon)
+        for run in self.runs:
+            if run.status == "running":
+                self._advance(run, end)
+                self._finish(run, end, False, "horizon reached")
+            elif run.status == "queued":
+                run.status = "failed"
+                run.fail_reason = "never scheduled before the horizon"
+                run.end_s = end
+        return self._result(end)
+
+    def _result(self, end: float) -> dict[str, Any]:
+        return {"end_s": end, "max_alloc": self.max_alloc, "capacity": self.capacity}
+
+
+def _with_override(
+    plan: ResourcePlan, role: Role, node_id: int, res: NodeResources
+) -> ResourcePlan:
+    rest = tuple(o for o in plan.overrides if not (o.role is role and o.node_id == node_id))
+    if plan.role(role).resources == res:
+        return replace(plan, overrides=rest)
+    return replace(
+        plan, overrides=rest + (NodeOverride(role, node_id, res, "relaunch after exit"),)
+    )

@@ -1,0 +1,618 @@
+"""Resource policies the simulator compares, behind one ``Policy`` protocol.
+
+A policy sees only what a real system sees: the job as submitted (``JobView``), history records
+of earlier runs of the same signature, live ``Observation``s and steady-window ``Sample``s, and
+node exits with their class. Only the ``oracle`` is handed the hidden truth.
+
+Register more with ``register_policy(name, factory)`` (the lead registers ``dlrover-rm``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from dlrover_core.types import (
+    HistoryRecord,
+    NodeResources,
+    Observation,
+    ResourcePlan,
+    Role,
+    RolePlan,
+    Sample,
+    Stage,
+)
+
+if TYPE_CHECKING:
+    from dlrover_core.sim.truth import JobTruth
+
+
+class ExitClass(str, Enum):
+    """Why a node exited (the simulator's classes; DOMAIN.md's exit classification)."""
+
+    OOM = "oom"
+    KILLED = "killed"  # preempted / evicted (137, 143)
+    HARDWARE = "hardware"  # the machine failed
+    FATAL = "fatal"  # code error (1, 134): never retried
+
+
+@dataclass(frozen=True)
+class RelaunchDecision:
+    """What to do with a node that exited.
+
+    ``resources``: the size to relaunch it with (None = same size). ``plan``: a new plan for
+    the whole job instead (e.g. PS OOM -> more PS); the node is then relaunched per the plan.
+    """
+
+    relaunch: bool
+    resources: NodeResources | None = None
+    plan: ResourcePlan | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a real system knows of a submitted job (never its true behaviour)."""
+
+    name: str
+    signature: str
+    user: str
+    manual_plan: ResourcePlan
+    quota: NodeResources
+    batch_size: int
+    samples_total: int
+    rows: int
+    epochs: int
+    embedding_dim: int
+    sparse_features: int
+    dense_features: int
+    submit_s: float
+
+    def to_spec(self) -> Any:
+        """The JobSpec of this job; implemented by the lead in ``sim/spec_bridge.py``."""
+        from dlrover_core.sim.spec_bridge import job_view_to_spec  # type: ignore[import-not-found]
+
+        return job_view_to_spec(self)
+
+
+class Policy(Protocol):
+    """A resource policy. ``interval_s`` paces ``replan`` (None: never called)."""
+
+    name: str
+    interval_s: float | None
+
+    def initial_plan(
+        self, job: JobView, history: Sequence[HistoryRecord], now_s: float
+    ) -> ResourcePlan: ...
+
+    def replan(
+        self,
+        job: JobView,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None: ...
+
+    def on_node_exit(
+        self,
+        job: JobView,
+        role: Role,
+        node_id: int,
+        exit_class: ExitClass,
+        current: NodeResources,
+        plan: ResourcePlan,
+        relaunches: int,
+    ) -> RelaunchDecision: ...
+
+
+class TruthAware(Protocol):
+    """A policy that may see the truth (only the oracle)."""
+
+    def bind_truths(self, truths: dict[str, JobTruth]) -> None: ...
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {}
+
+
+def register_policy(name: str, factory: Callable[[], Policy]) -> None:
+    """Make ``name`` available to ``simulate``; a later registration replaces an earlier one."""
+    POLICIES[name] = factory
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def _res(cpu_cores: float, memory_mib: float) -> NodeResources:
+    return NodeResources(max(100, int(round(cpu_cores * 1000))), max(256, int(math.ceil(memory_mib))))
+
+
+def _fit_quota(plan: ResourcePlan, quota: NodeResources) -> ResourcePlan:
+    """Drop workers (then PS) until the plan fits the quota."""
+    w, p = plan.workers.count, plan.ps.count
+    while not plan.total.fits_in(quota) and (w > 1 or p > 1):
+        if w > 1 and (w >= p or p == 1):
+            w -= 1
+        else:
+            p -= 1
+        plan = replace(
+            plan,
+            workers=RolePlan(w, plan.workers.resources),
+            ps=RolePlan(p, plan.ps.resources),
+            overrides=tuple(o for o in plan.overrides if o.node_id < (w if o.role is Role.WORKER else p)),
+        )
+    return plan
+
+
+def _relaunch_same(*_: Any) -> RelaunchDecision:
+    return RelaunchDecision(True, None, None, "relaunch with the same resources")
+
+
+# ---- manual -------------------------------------------------------------------------------
+class ManualPolicy:
+    """The user's request, unchanged; failed nodes relaunch at the same size."""
+
+    name = "manual"
+    interval_s: float | None = None
+
+    def initial_plan(
+        self, job: JobView, history: Sequence[HistoryRecord], now_s: float
+    ) -> ResourcePlan:
+        return job.manual_plan
+
+    def replan(
+        self,
+        job: JobView,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        return None
+
+    def on_node_exit(
+        self,
+        job: JobView,
+        role: Role,
+        node_id: int,
+        exit_class: ExitClass,
+        current: NodeResources,
+        plan: ResourcePlan,
+        relaunches: int,
+    ) -> RelaunchDecision:
+        return _relaunch_same()
+
+
+# ---- Kubernetes VPA recommender -----------------------------------------------------------
+class _DecayingHistogram:
+    """VPA-style decaying histogram: each sample weighted 2^(t/half_life)."""
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self.values: list[float] = []
+        self.weights: list[float] = []
+
+    def add(self, value: float, t: float, weight: float = 1.0) -> None:
+        self.values.append(value)
+        self.weights.append(weight * 2.0 ** (t / self.half_life_s))
+
+    def percentile(self, q: float) -> float:
+        v = np.asarray(self.values)
+        w = np.asarray(self.weights)
+        order = np.argsort(v)
+        cw = np.cumsum(w[order])
+        i = int(np.searchsorted(cw, q * cw[-1]))
+        return float(v[order][min(i, len(v) - 1)])
+
+
+class VpaPolicy:
+    """Kubernetes VPA recommender: per-container requests from decaying usage histograms.
+
+    Target = p90 x 1.15, lower bound p50 x 1.15, upper bound p95 x 1.15 x 2 (VPA's confidence
+    interval, simplified); the updater re-creates a role's pods only when its request falls
+    outside [lower, upper]. OOM: the memory sample recorded is max(1.2 x limit, limit +
+    100 MiB). Replica counts stay the user's. Half-life 24 h.
+    """
+
+    name = "vpa"
+    interval_s: float | None = 300.0
+    half_life_s = 86_400.0
+    margin = 1.15
+    min_observations = 3
+
+    def __init__(self) -> None:
+        self._cpu: dict[tuple[str, Role], _DecayingHistogram] = {}
+        self._mem: dict[tuple[str, Role], _DecayingHistogram] = {}
+        self._seen: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def _hist(
+        self, store: dict[tuple[str, Role], _DecayingHistogram], key: tuple[str, Role]
+    ) -> _DecayingHistogram:
+        h = store.get(key)
+        if h is None:
+            h = store[key] = _DecayingHistogram(self.half_life_s)
+        return h
+
+    def initial_plan(
+        self, job: JobView, history: Sequence[HistoryRecord], now_s: float
+    ) -> ResourcePlan:
+        return job.manual_plan
+
+    def replan(
+        self,
+        job: JobView,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        last = self._seen.get(job.name, -1.0)
+        for obs in observations:
+            if obs.time_s <= last:
+                continue
+            for n in obs.nodes:
+                if n.state.value != "running":
+                    continue
+                self._hist(self._cpu, (job.name, n.role)).add(n.cpu_used_millicores, obs.time_s)
+                self._hist(self._mem, (job.name, n.role)).add(n.memory_used_mib, obs.time_s)
+            self._count[job.name] = self._count.get(job.name, 0) + 1
+            last = obs.time_s
+        self._seen[job.name] = last
+        if self._count.get(job.name, 0) < self.min_observations:
+            return None
+        new_roles: dict[Role, RolePlan] = {}
+        changed = False
+        for role in (Role.WORKER, Role.PS):
+            rp = current.role(role)
+            cpu_h = self._cpu.get((job.name, role))
+            mem_h = self._mem.get((job.name, role))
+            if cpu_h is None or mem_h is None or not cpu_h.values:
+                new_roles[role] = rp
+                continue
+            cpu_target = cpu_h.percentile(0.9) * self.margin
+            mem_target = mem_h.percentile(0.9) * self.margin
+            cur = rp.resources
+            cpu_lo, cpu_hi = cpu_h.percentile(0.5) * self.margin, cpu_h.percentile(0.95) * 2.3
+            mem_lo, mem_hi = mem_h.percentile(0.5) * self.margin, mem_h.percentile(0.95) * 2.3
+            outside = not (cpu_lo <= cur.cpu_millicores <= cpu_hi) or not (
+                mem_lo <= cur.memory_mib <= mem_hi
+            )
+            if outside:
+                changed = True
+                new_roles[role] = RolePlan(
+                    rp.count,
+                    NodeResources(max(100, int(cpu_target)), max(250, int(mem_target))),
+                )
+            else:
+                new_roles[role] = rp
+        if not changed:
+            return None
+        plan = replace(
+            current,
+            workers=new_roles[Role.WORKER],
+            ps=new_roles[Role.PS],
+            overrides=(),
+            stage=Stage.POST_SCALING,
+            reasons=("vpa: request outside [lower, upper] bound",),
+            created_at_s=now_s,
+        )
+        return _fit_quota(plan, job.quota)
+
+    def on_node_exit(
+        self,
+        job: JobView,
+        role: Role,
+        node_id: int,
+        exit_class: ExitClass,
+        current: NodeResources,
+        plan: ResourcePlan,
+        relaunches: int,
+    ) -> RelaunchDecision:
+        if exit_class is not ExitClass.OOM:
+            return _relaunch_same()
+        bumped = max(current.memory_mib * 1.2, current.memory_mib + 100)
+        self._hist(self._mem, (job.name, role)).add(bumped, plan.created_at_s, weight=10.0)
+        return RelaunchDecision(
+            True, NodeResources(current.cpu_millicores, int(math.ceil(bumped))), None, "vpa oom bump"
+        )
+
+
+# ---- Autopilot ----------------------------------------------------------------------------
+class AutopilotPolicy:
+    """Google Autopilot-style moving-window recommender per recurring job.
+
+    CPU request = p95 of per-node usage over the window x 1.1; memory = max over the window
+    (history of earlier runs of the signature + live) x 1.2. No replica scaling. A live change
+    is applied only when it moves a request by more than 15%. OOM: memory x 1.5.
+    """
+
+    name = "autopilot"
+    interval_s: float | None = 600.0
+    window = 24  # observations
+    change_threshold = 0.15
+
+    def __init__(self) -> None:
+        self._hist_peak: dict[tuple[str, Role], tuple[float, float]] = {}
+        self._live: dict[tuple[str, Role], list[tuple[float, float]]] = {}
+        self._seen: dict[str, float] = {}
+
+    def initial_plan(
+        self, job: JobView, history: Sequence[HistoryRecord], now_s: float
+    ) -> ResourcePlan:
+        plan = job.manual_plan
+        recent = [h for h in history if h.signature == job.signature][-7:]
+        if not recent:
+            return plan
+        roles = {}
+        for role, cpu_attr, mem_attr in (
+            (Role.WORKER, "worker_cpu_used_millicores", "worker_memory_used_mib"),
+            (Role.PS, "ps_cpu_used_millicores", "ps_memory_used_mib"),
+        ):
+            cpus = [getattr(h, cpu_attr) for h in recent if getattr(h, cpu_attr)]
+            mems = [getattr(h, mem_attr) for h in recent if getattr(h, mem_attr)]
+            rp = plan.role(role)
+            if not cpus or not mems:
+                roles[role] = rp
+                continue
+            cpu = float(np.percentile(cpus, 95)) * 1.1
+            mem = max(mems) * 1.2
+            self._hist_peak[(job.name, role)] = (cpu, mem)
+            roles[role] = RolePlan(rp.count, NodeResources(int(cpu), int(mem)))
+        return replace(
+            plan,
+            workers=roles[Role.WORKER],
+            ps=roles[Role.PS],
+            stage=Stage.WARM_START,
+            reasons=(f"autopilot: window over {len(recent)} earlier runs",),
+            created_at_s=now_s,
+        )
+
+    def replan(
+        self,
+        job: JobView,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        last = self._seen.get(job.name, -1.0)
+        for obs in observations:
+            if obs.time_s <= last:
+                continue
+            for role in (Role.WORKER, Role.PS):
+                nodes = obs.of(role)
+                if not nodes:
+                    continue
+                live = self._live.setdefault((job.name, role), [])
+                live.append(
+                    (
+                        max(n.cpu_used_millicores for n in nodes),
+                        max(n.memory_used_mib for n in nodes),
+                    )
+                )
+                del live[: -self.window]
+            last = obs.time_s
+        self._seen[job.name] = last
+        roles = {}
+        changed = False
+        for role in (Role.WORKER, Role.PS):
+            rp = current.role(role)
+            live = self._live.get((job.name, role), [])
+            if len(live) < 4:
+                roles[role] = rp
+                continue
+            hcpu, hmem = self._hist_peak.get((job.name, role), (0.0, 0.0))
+            cpu = float(np.percentile([c for c, _ in live], 95)) * 1.1
+            mem = max(max(m for _, m in live) * 1.2, hmem)
+            cur = rp.resources
+            if (
+                abs(cpu - cur.cpu_millicores) > self.change_threshold * cur.cpu_millicores
+                or abs(mem - cur.memory_mib) > self.change_threshold * cur.memory_mib
+            ):
+                changed = True
+                roles[role] = RolePlan(rp.count, NodeResources(max(100, int(cpu)), int(mem)))
+            else:
+                roles[role] = rp
+        if not changed:
+            return None
+        plan = replace(
+            current,
+            workers=roles[Role.WORKER],
+            ps=roles[Role.PS],
+            overrides=(),
+            stage=Stage.POST_SCALING,
+            reasons=("autopilot: moving-window percentile",),
+            created_at_s=now_s,
+        )
+        return _fit_quota(plan, job.quota)
+
+    def on_node_exit(
+        self,
+        job: JobView,
+        role: Role,
+        node_id: int,
+        exit_class: ExitClass,
+        current: NodeResources,
+        plan: ResourcePlan,
+        relaunches: int,
+    ) -> RelaunchDecision:
+        if exit_class is not ExitClass.OOM:
+            return _relaunch_same()
+        mem = int(current.memory_mib * 1.5)
+        key = (job.name, role)
+        hcpu, hmem = self._hist_peak.get(key, (0.0, 0.0))
+        self._hist_peak[key] = (hcpu, max(hmem, float(mem)))
+        return RelaunchDecision(True, NodeResources(current.cpu_millicores, mem), None, "oom x1.5")
+
+
+# ---- Optimus ------------------------------------------------------------------------------
+class OptimusPolicy:
+    """Optimus (EuroSys'18): fit f(p, w) = w / (θ0 + θ1·w/p + θ2·w + θ3·p) from the job's own
+    samples (NNLS on w/X), then greedily add the worker or PS with the larger marginal gain per
+    core while the gain stays positive and the quota allows. Per-node CPU/memory stay the
+    user's. Until 4 distinct (p, w) are seen it explores (+25% workers, then +1 PS)."""
+
+    name = "optimus"
+    interval_s: float | None = 600.0
+    min_gain_per_core = 0.05  # stop when a unit adds < 5% of the average per-core throughput
+    max_steps = 8
+
+    def __init__(self) -> None:
+        self._explore: dict[str, int] = {}
+
+    def initial_plan(
+        self, job: JobView, history: Sequence[HistoryRecord], now_s: float
+    ) -> ResourcePlan:
+        return job.manual_plan
+
+    @staticmethod
+    def _fit(samples: Sequence[Sample]) -> np.ndarray | None:
+        by_cfg: dict[tuple[int, int], list[float]] = {}
+        for s in samples:
+            if s.throughput_sps > 0:
+                by_cfg.setdefault((s.workers, s.ps), []).append(s.throughput_sps)
+        if len(by_cfg) < 4:
+            return None
+        a = []
+        y = []
+        for (w, p), xs in by_cfg.items():
+            a.append([1.0, w / p, w, p])
+            y.append(w / float(np.mean(xs)))
+        theta, _ = nnls(np.asarray(a), np.asarray(y))
+        return theta
+
+    @staticmethod
+    def _f(theta: np.ndarray, w: int, p: int) -> float:
+        den = theta[0] + theta[1] * w / p + theta[2] * w + theta[3] * p
+        return w / den if den > 0 else 0.0
+
+    def replan(
+        self,
+        job: JobView,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        if not samples or (samples[-1].workers, samples[-1].ps) != (
+            current.workers.count,
+            current.ps.count,
+        ):
+            return None  # wait for a steady sample of the current configuration
+        w, p = current.workers.count, current.ps.count
+        wcores = current.workers.resources.cpu_cores
+        pcores = current.ps.resources.cpu_cores
+        theta = self._fit(samples)
+        if theta is None:
+            step = self._explore.get(job.name, 0)
+            self._explore[job.name] = step + 1
+            if step % 2 == 0:
+                w2, p2 = w + max(1, w // 4), p
+            else:
+                w2, p2 = w, p + 1
+            if step > 6:
+                return None
+        else:
+            w2, p2 = w, p
+            for _ in range(self.max_steps):
+                x = self._f(theta, w2, p2)
+                avg = x / (w2 * wcores + p2 * pcores)
+                dw = max(1, w2 // 8)
+                gw = (self._f(theta, w2 + dw, p2) - x) / (dw * wcores)
+                gp = (self._f(theta, w2, p2 + 1) - x) / pcores
+                if max(gw, gp) < self.min_gain_per_core * avg:
+                    break
+                if gw >= gp:
+                    w2 += dw
+                else:
+                    p2 += 1
+            if (w2, p2) == (w, p):
+                return None
+        plan = replace(
+            current,
+            workers=RolePlan(w2, current.workers.resources),
+            ps=RolePlan(p2, current.ps.resources),
+            overrides=(),
+            stage=Stage.SCALING if theta is not None else Stage.SAMPLING,
+            reasons=("optimus: greedy marginal gain" if theta is not None else "optimus: explore",),
+            created_at_s=now_s,
+        )
+        fitted = _fit_quota(plan, job.quota)
+        if (fitted.workers.count, fitted.ps.count) == (w, p):
+            return None
+        return fitted
+
+    def on_node_exit(
+        self,
+        job: JobView,
+        role: Role,
+        node_id: int,
+        exit_class: ExitClass,
+        current: NodeResources,
+        plan: ResourcePlan,
+        relaunches: int,
+    ) -> RelaunchDecision:
+        return _relaunch_same()
+
+
+# ---- oracle -------------------------------------------------------------------------------
+class OraclePolicy:
+    """Knows each job's truth: starts at ``JobTruth.oracle_config`` and never changes."""
+
+    name = "oracle"
+    interval_s: float | None = None
+
+    def __init__(self) -> None:
+        self._truths: dict[str, JobTruth] = {}
+
+    def bind_truths(self, truths: dict[str, JobTruth]) -> None:
+        self._truths = truths
+
+    def initial_plan(
+        self, job: JobView, history: Sequence[HistoryRecord], now_s: float
+    ) -> ResourcePlan:
+        truth = self._truths.get(job.name)
+        if truth is None:
+            return job.manual_plan
+        c = truth.oracle_config(job.quota.cpu_cores, job.quota.memory_mib)
+        return ResourcePlan(
+            workers=RolePlan(c.workers, _res(c.worker_cpu_cores, c.worker_memory_mib)),
+            ps=RolePlan(c.ps, _res(c.ps_cpu_cores, c.ps_memory_mib)),
+            stage=Stage.WARM_START,
+            reasons=("oracle: best per-core configuration of the true model",),
+            predicted_throughput_sps=c.throughput_sps,
+            created_at_s=now_s,
+        )
+
+    def replan(
+        self,
+        job: JobView,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        return None
+
+    def on_node_exit(
+        self,
+        job: JobView,
+        role: Role,
+        node_id: int,
+        exit_class: ExitClass,
+        current: NodeResources,
+        plan: ResourcePlan,
+        relaunches: int,
+    ) -> RelaunchDecision:
+        return _relaunch_same()
+
+
+register_policy("manual", ManualPolicy)
+register_policy("vpa", VpaPolicy)
+register_policy("autopilot", AutopilotPolicy)
+register_policy("optimus", OptimusPolicy)
+register_policy("oracle", OraclePolicy)

@@ -1,0 +1,122 @@
+"""The `dlrover-rm` policy in the simulator: our planner and fault policies, seeing only what a
+real master sees (samples, observations, exits, history)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dlrover_core.faults import DEFAULT_FAULT_POLICY, FaultPolicy, ps_oom_action
+from dlrover_core.faults import ExitClass as FaultExit
+from dlrover_core.planner import Planner, PlannerConfig
+from dlrover_core.sim.policies import ExitClass, JobView, RelaunchDecision, register_policy
+from dlrover_core.sim.spec_bridge import job_view_to_spec
+from dlrover_core.types import (
+    HistoryRecord,
+    NodeResources,
+    Observation,
+    ResourcePlan,
+    Role,
+    Sample,
+    Stage,
+)
+
+_EXITS = {
+    ExitClass.OOM: FaultExit.OOM,
+    ExitClass.KILLED: FaultExit.KILLED,
+    ExitClass.HARDWARE: FaultExit.HARDWARE,
+    ExitClass.FATAL: FaultExit.FATAL,
+}
+
+
+@dataclass
+class _Job:
+    planner: Planner
+    plans: list[ResourcePlan] = field(default_factory=list)
+    ps_memory_seen: dict[int, int] = field(default_factory=dict)
+
+
+class DLRoverRMPolicy:
+    name = "dlrover-rm"
+    interval_s: float | None = 120.0
+
+    def __init__(
+        self, config: PlannerConfig | None = None, faults: FaultPolicy = DEFAULT_FAULT_POLICY
+    ) -> None:
+        self.config = config
+        self.faults = faults
+        self._jobs: dict[str, _Job] = {}
+
+    def _job(self, job: JobView) -> _Job:
+        st = self._jobs.get(job.name)
+        if st is None:
+            spec = job_view_to_spec(job)
+            cfg = self.config or PlannerConfig.from_spec(spec)
+            st = self._jobs[job.name] = _Job(Planner(spec, cfg))
+        return st
+
+    def initial_plan(
+        self, job: JobView, history: Sequence[HistoryRecord], now_s: float
+    ) -> ResourcePlan:
+        st = self._job(job)
+        key = st.planner.spec.signature_key
+        recs = [
+            dataclasses.replace(r, signature=key) for r in history if r.signature == job.signature
+        ]
+        plan = st.planner.initial_plan(recs, now_s)
+        st.plans.append(plan)
+        return plan
+
+    def replan(
+        self,
+        job: JobView,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        st = self._job(job)
+        if observations:
+            for n in observations[-1].of(Role.PS):
+                st.ps_memory_seen[n.node_id] = n.memory_used_mib
+        d = st.planner.replan(current, observations, samples, now_s, st.plans)
+        if d.plan is not None:
+            st.plans.append(d.plan)
+        return d.plan
+
+    def on_node_exit(
+        self,
+        job: JobView,
+        role: Role,
+        node_id: int,
+        exit_class: ExitClass,
+        current: NodeResources,
+        plan: ResourcePlan,
+        relaunches: int,
+    ) -> RelaunchDecision:
+        st = self._job(job)
+        fe = _EXITS.get(exit_class, FaultExit.UNKNOWN)
+        if role is Role.PS and fe is FaultExit.OOM and len(st.ps_memory_seen) > 1:
+            act = ps_oom_action(list(st.ps_memory_seen.values()), self.faults)
+            new_ps = act.apply(plan.ps, memory_cap_mib=self.faults.oom_cap_mib)
+            if new_ps.count > plan.ps.count and not (
+                plan.total + new_ps.resources * (new_ps.count - plan.ps.count)
+            ).fits_in(st.planner.bounds.quota):
+                new_ps = plan.ps  # no room for more PS: fall back to the memory bump below
+            if new_ps != plan.ps:
+                new = plan.replace(
+                    ps=new_ps,
+                    stage=Stage.FAULT,
+                    reasons=(f"ps-{node_id} OOM: {act.reason}",),
+                    created_at_s=plan.created_at_s,
+                )
+                st.plans.append(new)
+                return RelaunchDecision(True, None, new, act.reason)
+        d = self.faults.decide(role, fe, current, plan.node_resources(role, node_id), relaunches)
+        if not d.relaunch:
+            return RelaunchDecision(False, None, None, d.reason)
+        return RelaunchDecision(True, d.resources, None, d.reason)
+
+
+register_policy("dlrover-rm", DLRoverRMPolicy)

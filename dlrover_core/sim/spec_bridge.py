@@ -1,0 +1,35 @@
+"""A simulated job as the JobSpec a user would have written for it."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from dlrover_core.spec import JobSpec, parse_spec
+
+if TYPE_CHECKING:
+    from dlrover_core.sim.policies import JobView
+
+
+def job_view_to_spec(view: JobView, **pacing: float) -> JobSpec:
+    name = re.sub(r"[^a-z0-9_.-]+", "-", view.name.lower()).strip("-._") or "job"
+    dim = view.embedding_dim
+    data = {
+        "name": name,
+        "signature": {"pipeline": view.signature, "model": "sim", "dataset": "trace"},
+        "model": {
+            "embedding_dim": dim,
+            "dense_features": view.dense_features,
+            "dense_arch": [max(64, dim), dim],
+            "embedding_tables": [
+                {"name": f"c{i}", "num_embeddings": "dynamic"}
+                for i in range(max(1, view.sparse_features))
+            ],
+        },
+        "data": {"rows": view.rows},
+        "training": {"batch_size": view.batch_size, "epochs": max(1, view.epochs)},
+        "quota": {"cpu": view.quota.cpu_millicores / 1000, "memory": view.quota.memory_mib},
+        "constraints": {"workers": {"min": 1, "max": 256}, "ps": {"min": 1, "max": 15}},
+        "pacing": dict(pacing),
+    }
+    return parse_spec(data, source=f"simulated job {view.name!r}")
