@@ -333,7 +333,7 @@ def _problems(err: ValidationError) -> list[str]:
         msg = _FIXES.get(e["type"]) or str(e["msg"]).removeprefix("Value error, ")
         if e["type"] in ("greater_than", "greater_than_equal") and "input" in e:
             msg = f"{msg} (got {e['input']!r})"
-        out.append(f"{_format_loc(loc)}: {msg}")
+        out.append(f"{_format_loc(loc)}: {msg}" if loc else msg)
     return out
 
 

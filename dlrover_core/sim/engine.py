@@ -181,6 +181,7 @@ class Engine:
         self._seq = 0
         self._fail_rate = self.cfg.node_failure_per_hour / 3600.0
         self.now = 0.0
+        self.running: set[int] = set()
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def _alloc(self, cpu_m: int, mem: int) -> None:
@@ -430,6 +431,7 @@ class Engine:
     # ---- exits ---------------------------------------------------------------------------
     def _finish(self, run: _Run, t: float, ok: bool, reason: str = "") -> None:
         run.status = "completed" if ok else "failed"
+        self.running.discard(run.job.index)
         run.fail_reason = reason
         run.end_s = t
         self._alloc(-run.alloc_cpu_m, -run.alloc_mem)
@@ -468,7 +470,6 @@ class Engine:
             )
         if dec.plan is not None and self._valid(run, dec.plan):
             node.restarts += 1
-            node.res = NodeResources(0, 0) if False else node.res
             restarts = node.restarts
             if self._apply(run, dec.plan, t):
                 group = run.workers if node.role is Role.WORKER else run.ps
@@ -538,6 +539,7 @@ class Engine:
     # ---- the loop ------------------------------------------------------------------------
     def _start(self, run: _Run, t: float) -> None:
         run.status = "running"
+        self.running.add(run.job.index)
         run.start_s = t
         run.t_last = t
         run.config_since = t
@@ -550,7 +552,8 @@ class Engine:
         run.next_policy_s = t + interval if interval else INF
 
     def _try_admit(self, t: float) -> None:
-        for idx, run in enumerate(self.runs):
+        for idx in sorted(self.running):
+            run = self.runs[idx]
             if run.status == "running" and (run.pending_plan is not None or any(
                 n.pending is not None for n in run.workers + run.ps
             )):

@@ -1,0 +1,166 @@
+"""Run every policy on the same trace and report paper-style metrics.
+
+Same trace, same truths, same arrival times and the same per-job random streams (failures,
+stragglers, measurement noise) for every policy: differences come from the policies alone.
+
+``oracle_throughput_ratio`` is the median over completed jobs of (samples done / allocated
+core-seconds while running) ÷ (the oracle configuration's true throughput per allocated core).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any, Sequence
+
+import numpy as np
+
+from dlrover_core.sim.engine import Engine, EngineConfig, cluster_capacity
+from dlrover_core.sim.policies import POLICIES
+from dlrover_core.sim.trace import TraceJob, generate_trace
+
+METRICS = (
+    "jct_median_s",
+    "jct_mean_s",
+    "jct_p90_s",
+    "completion_rate",
+    "cpu_util",
+    "mem_util",
+    "scaling_ops",
+    "oom_count",
+    "oracle_throughput_ratio",
+)
+PAPER_CLAIMS = {"jct_change": -0.31, "completion_points": 0.06, "cpu_points": 0.15, "mem_points": 0.20}
+
+
+def available_policies() -> list[str]:
+    return list(POLICIES)
+
+
+def run_policy(
+    jobs: Sequence[TraceJob], name: str, seed: int, config: EngineConfig | None = None
+) -> dict[str, Any]:
+    """Simulate one policy; returns its metrics plus per-job outcomes under ``"jobs"``."""
+    if name not in POLICIES:
+        raise KeyError(f"unknown policy {name!r}; registered: {', '.join(POLICIES)}")
+    policy = POLICIES[name]()
+    bind = getattr(policy, "bind_truths", None)
+    if bind is not None:
+        bind({j.name: j.truth for j in jobs})
+    engine = Engine(jobs, policy, cluster_capacity(jobs), seed, config)
+    info = engine.run()
+    runs = engine.runs
+    done = [r for r in runs if r.status == "completed"]
+    jct = np.array([r.end_s - r.job.submit_s for r in done]) if done else np.array([np.nan])
+    ratios = []
+    for r in done:
+        if r.cpu_alloc_cs > 0:
+            oc = r.job.truth.oracle_config(r.job.quota.cpu_cores, r.job.quota.memory_mib)
+            ratios.append((r.done / r.cpu_alloc_cs) / oc.throughput_per_core)
+    cpu_alloc = sum(r.cpu_alloc_cs for r in runs)
+    mem_alloc = sum(r.mem_alloc_ms for r in runs)
+    metrics: dict[str, Any] = {
+        "jct_median_s": float(np.median(jct)),
+        "jct_mean_s": float(np.mean(jct)),
+        "jct_p90_s": float(np.percentile(jct, 90)),
+        "completion_rate": len(done) / len(runs) if runs else 0.0,
+        "cpu_util": sum(r.cpu_used_cs for r in runs) / cpu_alloc if cpu_alloc else 0.0,
+        "mem_util": sum(r.mem_used_ms for r in runs) / mem_alloc if mem_alloc else 0.0,
+        "scaling_ops": int(sum(r.scaling_ops for r in runs)),
+        "oom_count": int(sum(r.oom_count for r in runs)),
+        "oracle_throughput_ratio": float(np.median(ratios)) if ratios else 0.0,
+        "max_alloc_cpu_millicores": info["max_alloc"].cpu_millicores,
+        "max_alloc_memory_mib": info["max_alloc"].memory_mib,
+        "capacity_cpu_millicores": info["capacity"].cpu_millicores,
+        "capacity_memory_mib": info["capacity"].memory_mib,
+    }
+    metrics["jobs"] = [
+        {
+            "name": r.job.name,
+            "status": r.status,
+            "reason": r.fail_reason,
+            "submit_s": r.job.submit_s,
+            "start_s": r.start_s,
+            "end_s": r.end_s,
+            "samples_done": r.done,
+            "samples_total": r.job.samples_total,
+        }
+        for r in runs
+    ]
+    return metrics
+
+
+_JOBS: list[TraceJob] = []
+
+
+def _worker(args: tuple[str, int]) -> tuple[str, dict[str, Any]]:
+    name, seed = args
+    return name, run_policy(_JOBS, name, seed)
+
+
+def simulate(
+    n_jobs: int,
+    seed: int,
+    policies: Sequence[str] | None = None,
+    processes: int = 2,
+    keep_jobs: bool = False,
+) -> dict[str, Any]:
+    """Run ``policies`` (default: every registered one) on one generated trace."""
+    global _JOBS
+    names = list(policies) if policies else available_policies()
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise KeyError(f"unknown policies {unknown}; registered: {', '.join(POLICIES)}")
+    jobs = generate_trace(n_jobs, seed)
+    for j in jobs:  # warm the oracle cache before forking
+        j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
+    _JOBS = jobs
+    results: dict[str, dict[str, Any]] = {}
+    if processes > 1 and len(names) > 1 and "fork" in mp.get_all_start_methods():
+        ctx = mp.get_context("fork")
+        with ctx.Pool(min(processes, len(names))) as pool:
+            for name, res in pool.imap_unordered(_worker, [(n, seed) for n in names]):
+                results[name] = res
+    else:
+        for n in names:
+            results[n] = run_policy(jobs, n, seed)
+    if not keep_jobs:
+        for res in results.values():
+            res.pop("jobs", None)
+    return {"policies": {n: results[n] for n in names}, "jobs": n_jobs, "seed": seed}
+
+
+def vs_manual(result: dict[str, Any], name: str) -> dict[str, float] | None:
+    pols = result["policies"]
+    if "manual" not in pols or name not in pols:
+        return None
+    m, p = pols["manual"], pols[name]
+    return {
+        "jct_change": p["jct_median_s"] / m["jct_median_s"] - 1.0,
+        "completion_points": p["completion_rate"] - m["completion_rate"],
+        "cpu_points": p["cpu_util"] - m["cpu_util"],
+        "mem_points": p["mem_util"] - m["mem_util"],
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    head = (
+        f"{'policy':<12} {'JCT med':>8} {'JCT mean':>9} {'JCT p90':>8} {'compl':>6} "
+        f"{'cpu':>5} {'mem':>5} {'scal':>6} {'oom':>5} {'/orc':>5} | "
+        f"{'ΔJCT':>6} {'Δcompl':>7} {'Δcpu':>6} {'Δmem':>6}"
+    )
+    lines = [f"{result['jobs']} jobs, seed {result['seed']}", head, "-" * len(head)]
+    for name, m in result["policies"].items():
+        d = vs_manual(result, name)
+        rel = (
+            f"{d['jct_change'] * 100:+5.0f}% {d['completion_points'] * 100:+6.1f}p "
+            f"{d['cpu_points'] * 100:+5.1f}p {d['mem_points'] * 100:+5.1f}p"
+            if d
+            else ""
+        )
+        lines.append(
+            f"{name:<12} {m['jct_median_s'] / 60:7.0f}m {m['jct_mean_s'] / 60:8.0f}m "
+            f"{m['jct_p90_s'] / 60:7.0f}m {m['completion_rate']:6.1%} {m['cpu_util']:5.2f} "
+            f"{m['mem_util']:5.2f} {m['scaling_ops']:6d} {m['oom_count']:5d} "
+            f"{m['oracle_throughput_ratio']:5.2f} | {rel}"
+        )
+    return "\n".join(lines)
