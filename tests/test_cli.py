@@ -1,0 +1,155 @@
+"""The CLI over the api seam: outputs, files, and clear errors without tracebacks."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrover_core.cli import main
+from dlrover_core.history.records import record_to_dict
+from dlrover_core.model.samples_io import write_samples_csv
+from dlrover_core.types import HistoryRecord, NodeResources, ResourcePlan, RolePlan, Sample, Stage
+
+SMALL = str(Path(__file__).resolve().parent.parent / "pipelines" / "specs" / "small.yaml")
+B = 256
+COEF = {"a0": 0.004, "a1": 2e-5, "b1": 3e-5, "b2": 1e-6, "b3": 0.001}
+
+
+def t_iter(w: int, p: int, lw: float, lp: float) -> float:
+    c = COEF
+    return (
+        c["a0"]
+        + c["a1"] * B / lw
+        + c["b1"] * (w / p) * B / lp
+        + c["b2"] * (w / p) * B
+        + c["b3"] * p
+    )
+
+
+def make_samples() -> list[Sample]:
+    cfgs = [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (2, 2, 2, 1), (2, 2, 2, 2), (4, 2, 1, 2),
+            (4, 1, 2, 1), (3, 3, 1, 2)]  # fmt: skip
+    return [
+        Sample(w, p, lw, lp, w * B / t_iter(w, p, lw, lp), batch_size=B) for w, p, lw, lp in cfgs
+    ]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_plan_prints_readable_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(["plan", "--spec", SMALL], capsys)
+    assert rc == 0
+    assert "stage:    cold_start" in out and "workers:  1 x" in out
+
+
+def test_plan_json_and_out_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_file = tmp_path / "plan.json"
+    rc, out, _ = run(["plan", "--spec", SMALL, "--json", "--out", str(out_file)], capsys)
+    assert rc == 0
+    printed, written = json.loads(out), json.loads(out_file.read_text())
+    assert printed["stage"] == written["stage"] == "cold_start"
+    assert ResourcePlan.from_dict(written).workers.count == 1
+
+
+def test_plan_with_samples_is_model_based(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    csv_path = tmp_path / "samples.csv"
+    write_samples_csv(csv_path, make_samples())
+    rc, out, _ = run(
+        ["plan", "--spec", SMALL, "--samples", str(csv_path), "--set", "quota.cpu=16",
+         "--set", "quota.memory=64Gi", "--set", "constraints.workers.max=16", "--json"],
+        capsys,
+    )  # fmt: skip
+    assert rc == 0
+    d = json.loads(out)
+    assert d["stage"] == "scaling"
+    assert d["predicted_throughput_sps"] > 0
+    assert d["total"]["cpu_millicores"] <= 16000
+
+
+def test_plan_warm_start_from_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    final = ResourcePlan(
+        RolePlan(2, NodeResources(1000, 2048)), RolePlan(1, NodeResources(500, 1024)), Stage.SCALING
+    )
+    rec = HistoryRecord("example-retrain/dlrm-small/synthetic-criteo", 1e18, final)
+    hist = tmp_path / "history.json"
+    hist.write_text(json.dumps([record_to_dict(rec)]))
+    rc, out, _ = run(["plan", "--spec", SMALL, "--history", str(hist), "--json"], capsys)
+    assert rc == 0
+    d = json.loads(out)
+    # finished_at_s lies in the future of "now", so it is outside the history window
+    assert d["stage"] == "cold_start"
+    rec = HistoryRecord("example-retrain/dlrm-small/synthetic-criteo", 0.0, final)
+    hist.write_text(json.dumps([record_to_dict(rec)]))
+    assert main(["plan", "--spec", SMALL, "--history", str(hist), "--json"]) == 0
+    # now the record is older than the 7-day window (now = wall clock): still cold
+    assert json.loads(capsys.readouterr().out)["stage"] == "cold_start"
+
+
+def test_model_fit_and_predict_roundtrip(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    samples_csv, model_json, configs_csv = (
+        tmp_path / "s.csv",
+        tmp_path / "m.json",
+        tmp_path / "c.csv",
+    )
+    write_samples_csv(samples_csv, make_samples())
+    rc, out, _ = run(
+        ["model", "fit", "--samples", str(samples_csv), "--out", str(model_json)], capsys
+    )
+    assert rc == 0 and model_json.exists()
+    configs_csv.write_text("workers,ps,worker_cpu,ps_cpu,note\n8,2,2,2,x\n16,4,1,4,y\n")
+    rc, out, _ = run(
+        ["model", "predict", "--model", str(model_json), "--configs", str(configs_csv)], capsys
+    )
+    assert rc == 0
+    rows = list(csv.DictReader(out.splitlines()))
+    assert [r["note"] for r in rows] == ["x", "y"]
+    for r in rows:
+        w, p, lw, lp = int(r["workers"]), int(r["ps"]), float(r["worker_cpu"]), float(r["ps_cpu"])
+        truth = w * B / t_iter(w, p, lw, lp)
+        assert float(r["predicted_throughput"]) == pytest.approx(truth, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["plan", "--spec", "/nonexistent.yaml"], "does not exist"),
+        (["plan", "--spec", SMALL, "--set", "quota.cpu=0.1"], "smaller than the minimum job"),
+        (["plan", "--spec", SMALL, "--set", "nonsense"], "path.to.field=value"),
+        (["plan", "--spec", SMALL, "--samples", "/nope.csv"], "nope.csv"),
+        (["model", "predict", "--model", "/nope.json", "--configs", "/x.csv"], "does not exist"),
+    ],
+)
+def test_errors_are_clear(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(argv, capsys)
+    assert rc == 2
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_no_traceback_in_a_real_process(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: x\nmodel: {embedding_tables: []}\nquota: {cpu: -1, memory: 4Gx}\nextra: 1\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "dlrover_core.cli", "plan", "--spec", str(bad)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    # one line per problem, each naming its field
+    for field in ("model.embedding_tables", "quota.cpu", "quota.memory", "extra"):
+        assert f"- {field}" in p.stderr, p.stderr
