@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationError,
     field_validator,
     model_validator,
@@ -28,11 +29,11 @@ from pydantic import (
 
 from dlrover_core.errors import InputError, SpecError
 from dlrover_core.types import NodeResources
-from dlrover_core.units import cpu_millicores, memory_mib
+from dlrover_core.units import cpu_millicores, format_cpu, memory_mib
 
 
 def _cpu(v: Any) -> Any:
-    if v is None or isinstance(v, bool):
+    if v is None:  # a bool is not a quantity: cpu_millicores says so (pydantic would take 1)
         return v
     try:
         return cpu_millicores(v)
@@ -41,7 +42,7 @@ def _cpu(v: Any) -> Any:
 
 
 def _mem(v: Any) -> Any:
-    if v is None or isinstance(v, bool):
+    if v is None:
         return v
     try:
         return memory_mib(v)
@@ -49,7 +50,13 @@ def _mem(v: Any) -> Any:
         raise ValueError(e.message) from None
 
 
-Millicores = Annotated[int, BeforeValidator(_cpu), Field(ge=0)]
+# JSON dumps write CPU as a quantity ("10", "1500m"): a bare number would read back as cores.
+Millicores = Annotated[
+    int,
+    BeforeValidator(_cpu),
+    Field(ge=0),
+    PlainSerializer(format_cpu, return_type=str, when_used="json"),
+]
 MiB = Annotated[int, BeforeValidator(_mem), Field(ge=0)]
 
 
@@ -71,6 +78,18 @@ class EmbeddingTable(_Strict):
     )
     embedding_dim: int | None = Field(default=None, gt=0, description="defaults to model's")
 
+    @field_validator("num_embeddings", mode="before")
+    @classmethod
+    def _rows_or_dynamic(cls, v: Any) -> Any:
+        # one message for a bad value (the union alone would report one per member)
+        if v == "dynamic" or (isinstance(v, int) and not isinstance(v, bool)):
+            return v
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, str) and v.strip().isdigit():
+            return int(v)
+        raise ValueError(f"must be a positive number of rows, or 'dynamic'; got {v!r}")
+
     @field_validator("num_embeddings")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:
@@ -83,9 +102,17 @@ class ModelSpec(_Strict):
     architecture: Architecture = Architecture.DLRM
     embedding_dim: int = Field(default=16, gt=0)
     dense_features: int = Field(default=13, ge=0)
-    embedding_tables: tuple[EmbeddingTable, ...] = Field(min_length=1)
+    embedding_tables: tuple[EmbeddingTable, ...]
     dense_arch: tuple[int, ...] = (64, 16)
     over_arch: tuple[int, ...] = (64, 1)
+
+    @field_validator("embedding_tables")
+    @classmethod
+    def _some_tables(cls, v: tuple[EmbeddingTable, ...]) -> tuple[EmbeddingTable, ...]:
+        # not Field(min_length=1): that also fires when the only table is invalid
+        if not v:
+            raise ValueError("needs at least 1 embedding table; add one under embedding_tables")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -184,9 +211,16 @@ class RoleConstraints(_Strict):
         return self
 
 
+class PSConstraints(RoleConstraints):
+    """PS bounds: at most 15 PS unless the spec says otherwise (DLRover's cap), also when
+    the spec gives a ``ps:`` section without ``max``."""
+
+    max: int = Field(default=15, ge=1)
+
+
 class Constraints(_Strict):
     workers: RoleConstraints = RoleConstraints()
-    ps: RoleConstraints = RoleConstraints(max=15)
+    ps: PSConstraints = PSConstraints()
 
 
 class QuotaSpec(_Strict):

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dlrover_core.spec import MIN_NODE, JobSpec, RoleConstraints
-from dlrover_core.types import NodeResources, Role, RolePlan
+from dlrover_core.types import ZERO, NodeResources, Role, RolePlan
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,11 @@ class JobBounds:
             scale *= 0.9
             w = self.workers.clamp(RolePlan(w.count, _scaled(workers.resources, scale)))
             p = self.ps.clamp(RolePlan(p.count, _scaled(ps.resources, scale)))
+        if not (w.total + p.total).fits_in(self.quota):
+            # 40 shrink steps were not enough (a request far above the quota): the smallest
+            # nodes, pins kept; the spec's check guarantees the minimum job fits
+            w = self.workers.clamp(RolePlan(w.count, ZERO))
+            p = self.ps.clamp(RolePlan(p.count, ZERO))
         while not (w.total + p.total).fits_in(self.quota) and p.count > self.ps.count(0):
             p = RolePlan(p.count - 1, p.resources)
         notes.append(f"shrunk to fit the quota ({self.quota})")

@@ -295,6 +295,8 @@ def _idle_ps(
     if last.throughput_sps <= 0:
         return None
     remaining_s = (last.samples_total - last.samples_done) / last.throughput_sps
+    if not math.isfinite(remaining_s):  # a vanishing throughput: the time left is unknown
+        return None
     if remaining_s < cfg.idle_min_remaining_s:
         return None
     peak = max(n.cpu_used_millicores for o in window for n in o.of(Role.PS))

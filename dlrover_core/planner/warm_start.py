@@ -74,6 +74,7 @@ def warm_start(
 
     n_w = max(1, round(agg([p.workers.count for p in plans])))
     n_p = min(cfg.warm_max_ps, max(spec.min_ps, round(agg([p.ps.count for p in plans]))))
+    n_p = bounds.ps.count(n_p)  # per-PS CPU and memory below are shares of the final PS count
     levels = cfg.cpu_levels_millicores
 
     w_used = [r.worker_cpu_used_millicores for r in runs if r.worker_cpu_used_millicores]

@@ -1,0 +1,10 @@
+"""Shared test set-up: make ``tests.factories`` importable however pytest is started."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)

@@ -1,0 +1,369 @@
+"""Stage 3, post-scaling: hot PS, memory-hot PS, predicted OOM, idle PS, stragglers, pending
+nodes. Evidence counts only after the plan's ``created_at_s`` and must last ``hot_window``
+(3) observations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlrover_core.planner import PlannerConfig
+from dlrover_core.planner.post_scaling import post_scale
+from dlrover_core.types import (
+    NodeOverride,
+    NodeResources,
+    NodeState,
+    Observation,
+    ResourcePlan,
+    Role,
+    Stage,
+)
+from tests.factories import make_obs, make_plan, make_spec, node
+
+T0 = 100.0  # the current plan's created_at_s
+BIG = {"cpu": 32, "memory": "64Gi"}
+
+
+def run(
+    current: ResourcePlan, observations: list[Observation], now_s: float = 140.0, **spec: Any
+) -> ResourcePlan | None:
+    s = make_spec(**{"quota": BIG, **spec})
+    plan = post_scale(s, PlannerConfig.from_spec(s), current, observations, now_s)
+    if plan is not None:
+        assert plan.stage is Stage.POST_SCALING
+        assert plan.created_at_s == now_s
+        assert plan.total.fits_in(s.quota.resources), plan.describe()
+        assert plan.reasons
+    return plan
+
+
+def three(**kw: Any) -> list[Observation]:
+    return [make_obs(T0 + 10 * i, **kw) for i in (1, 2, 3)]
+
+
+# --- hot PS: migrate to a node with 2× CPU ---------------------------------------------------
+
+TWO_PS = make_plan((2, 2000, 4096), (2, 2000, 4096), created_at_s=T0)  # 8 CPU / 16 GiB
+
+
+@pytest.mark.parametrize(
+    ("spec", "utils", "new_cpu"),
+    [
+        ({}, [0.95, 0.5], 4000),  # 2 CPU × 2
+        ({}, [0.9, 0.5], 4000),  # the threshold itself is hot
+        ({}, [0.89, 0.5], None),
+        ({}, [0.95, 0.95], None),  # every PS is busy: capacity (stage 2), not imbalance
+        ({"quota": {"cpu": 9, "memory": "64Gi"}}, [0.95, 0.5], 3000),  # 1 CPU of headroom
+        ({"quota": {"cpu": 8, "memory": "64Gi"}}, [0.95, 0.5], None),  # no headroom
+        ({"constraints__ps__max_cpu": 3}, [0.95, 0.5], 3000),  # the node size cap
+        ({"constraints__ps__cpu": 2}, [0.95, 0.5], None),  # pinned CPU is kept
+    ],
+)
+def test_hot_ps_migrates(spec: dict[str, Any], utils: list[float], new_cpu: int | None) -> None:
+    plan = run(TWO_PS, three(ps_util=utils, ps_cpu=2000, ps_mem=4096), **spec)
+    if new_cpu is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert plan.overrides == (
+        NodeOverride(Role.PS, 0, NodeResources(new_cpu, 4096), plan.overrides[0].reason, "migrate"),
+    )
+    assert "hot PS" in plan.overrides[0].reason
+    assert (plan.workers, plan.ps) == (TWO_PS.workers, TWO_PS.ps)  # only ps-0 changes
+    assert plan.node_resources(Role.PS, 0).cpu_millicores == new_cpu
+    assert plan.node_resources(Role.PS, 1).cpu_millicores == 2000
+
+
+def test_a_single_hot_ps_is_migrated() -> None:
+    one = make_plan((2, 2000, 4096), (1, 4000, 4096), created_at_s=T0)
+    plan = run(one, three(ps_util=[0.97], ps_cpu=4000, ps_mem=4096))
+    assert plan is not None
+    assert plan.node_resources(Role.PS, 0) == NodeResources(8000, 4096)
+
+
+def test_hot_ps_doubling_uses_the_node_it_already_has() -> None:
+    already = TWO_PS.replace(
+        overrides=(NodeOverride(Role.PS, 0, NodeResources(4000, 4096), "hot PS"),)
+    )
+    plan = run(already, three(ps_util=[0.95, 0.5], ps_cpu=2000, ps_mem=4096))
+    assert plan is not None
+    assert plan.overrides == (
+        NodeOverride(Role.PS, 0, NodeResources(8000, 4096), plan.overrides[0].reason),
+    )
+
+
+@pytest.mark.parametrize(
+    ("times", "utils", "acts"),
+    [
+        ([110, 120, 130], [0.95, 0.95, 0.95], True),
+        ([90, 120, 130], [0.95, 0.95, 0.95], False),  # one is from before the plan
+        ([100, 120, 130], [0.95, 0.95, 0.95], False),  # at created_at_s: not after it
+        ([110, 120, 130], [0.95, 0.5, 0.95], False),  # not consecutive
+        ([80, 90, 110, 120, 130], [0.5, 0.5, 0.95, 0.95, 0.95], True),
+        ([110, 120, 130, 135], [0.5, 0.95, 0.95, 0.95], True),  # the last three count
+        ([110, 120, 130, 135], [0.95, 0.95, 0.95, 0.5], False),
+    ],
+)
+def test_hot_evidence_window(times: list[float], utils: list[float], acts: bool) -> None:
+    obs = [
+        make_obs(t, ps_util=[u, 0.5], ps_cpu=2000, ps_mem=4096)
+        for t, u in zip(times, utils, strict=True)
+    ]
+    assert (run(TWO_PS, obs) is not None) is acts
+
+
+# --- PS memory: memory-hot, predicted OOM -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "mem_utils", "new_mem"),
+    [
+        ({}, [0.95, 0.5], 4096 + 8192),
+        ({}, [0.85, 0.5], None),
+        ({"constraints__ps__max_memory": "8Gi"}, [0.95, 0.5], 8192),
+        ({"quota": {"cpu": 32, "memory": "20Gi"}}, [0.95, 0.5], 8192),  # 4 GiB headroom
+        ({"constraints__ps__memory": "4Gi"}, [0.95, 0.5], None),  # pinned memory is kept
+    ],
+)
+def test_memory_hot_ps_gets_8_gib_more(
+    spec: dict[str, Any], mem_utils: list[float], new_mem: int | None
+) -> None:
+    obs = three(ps_util=[0.5, 0.5], ps_mem_util=mem_utils, ps_cpu=2000, ps_mem=4096)
+    plan = run(TWO_PS, obs, **spec)
+    if new_mem is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert [(o.node_id, o.resources, o.action) for o in plan.overrides] == [
+        (0, NodeResources(2000, new_mem), "migrate")
+    ]
+    assert "memory-hot" in plan.reasons[0]
+
+
+# U = K·n^β with K = 100, β = 0.5: 10^5, 2·10^5, 3·10^5 IDs after 10^6, 4·10^6, 9·10^6 samples.
+GROWTH = [(10**6, 100_000), (4 * 10**6, 200_000), (9 * 10**6, 300_000)]
+ONE_PS = make_plan((2, 2000, 4096), (1, 2000, 2048), created_at_s=T0)
+
+
+def growth_obs(samples_total: int) -> list[Observation]:
+    return [
+        make_obs(
+            T0 + 10 * (i + 1),
+            ps_util=[0.5],
+            ps_mem_util=[0.5],  # nowhere near the limit yet
+            ps_cpu=2000,
+            ps_mem=2048,
+            samples_done=n,
+            samples_total=samples_total,
+            distinct_ids=u,
+        )
+        for i, (n, u) in enumerate(GROWTH)
+    ]
+
+
+def test_predicted_oom_raises_ps_memory_before_it_happens() -> None:
+    """At the end (10^10 samples) U = 100·10^5 = 10^7 rows of 16·4·(1+1 Adagrad slot) + 48 =
+    176 B, plus 3281 dense params × 8 B: (1,760,000,000 + 26,248) B = 1678.5 MiB, + 512 MiB
+    runtime = 2190.5 MiB on the one PS, × 1.2 margin = 2628.6 -> 2688 MiB (multiple of 64).
+    The 2 GiB limit holds (2048 − 512) MiB of data: 9.15·10^6 rows, reached after
+    (9.15·10^6 / 100)^2 ≈ 8.4·10^9 samples — far ahead of the 9·10^6 done."""
+    plan = run(ONE_PS, growth_obs(samples_total=10**10))
+    assert plan is not None
+    assert plan.ps.count == 1
+    assert plan.ps.resources == NodeResources(2000, 2688)
+    assert plan.workers == ONE_PS.workers
+    assert "predicted PS OOM" in plan.reasons[0]
+    assert "~8,37" in plan.reasons[0]  # ≈ 8.37·10^9 samples
+
+
+def test_no_oom_predicted_no_action() -> None:
+    # 10^8 samples: U = 10^6 rows = 168 MiB + 512 MiB: fits 2 GiB
+    assert run(ONE_PS, growth_obs(samples_total=10**8)) is None
+
+
+def test_predicted_oom_grows_the_ps_set_when_a_node_cannot_grow() -> None:
+    # PS nodes capped at 2 GiB: 1678.5 MiB of data at ≤ 2048/1.2 − 512 = 1194.7 MiB per PS
+    # needs ceil(1.405) = 2 PS
+    plan = run(ONE_PS, growth_obs(samples_total=10**10), constraints__ps__max_memory="2Gi")
+    assert plan is not None
+    assert plan.ps.count == 2
+    assert plan.ps.resources == ONE_PS.ps.resources
+    assert "grow PS from 1 to 2" in plan.reasons[1]
+
+
+# --- idle PS: shrink when at least an hour remains --------------------------------------------
+
+IDLE = make_plan((2, 2000, 4096), (2, 8000, 4096), created_at_s=T0)
+
+
+@pytest.mark.parametrize(
+    ("utils", "samples_done", "speeds", "new_cpu"),
+    [
+        # peak 0.25 × 8000 = 2000 used; 2000 / 0.7 target = 2857 -> 3000; 10^7 / 200 = 50000 s
+        ([0.25, 0.2], 0, [100, 100], 3000),
+        ([0.1, 0.1], 0, [100, 100], 1500),  # 800 / 0.7 = 1143 -> the next level, 1500
+        ([0.25, 0.2], 9_400_000, [100, 100], None),  # 600,000 / 200 = 3000 s < 1 h left
+        ([0.25, 0.2], 9_280_000, [100, 100], 3000),  # 720,000 / 200 = 3600 s: exactly 1 h
+        ([0.45, 0.2], 0, [100, 100], None),  # one PS is not idle
+        ([0.25, 0.2], 0, [0, 0], None),  # no progress: the time left is unknown
+        ([0.25, 0.2], 0, [0, 5e-324], None),  # 10^7 / 5e-324 overflows to inf: unknown too
+    ],
+)
+def test_idle_ps_shrink(
+    utils: list[float], samples_done: int, speeds: list[float], new_cpu: int | None
+) -> None:
+    obs = three(
+        ps_util=utils, ps_cpu=8000, ps_mem=4096, worker_speeds=speeds, samples_done=samples_done
+    )
+    plan = run(IDLE, obs)
+    if new_cpu is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert plan.ps.count == 2
+    assert plan.ps.resources == NodeResources(new_cpu, 4096)
+    assert "idle PS" in plan.reasons[0]
+
+
+def test_idle_shrink_drops_ps_overrides_but_keeps_worker_ones() -> None:
+    worker_o = NodeOverride(Role.WORKER, 1, NodeResources(2000, 4096), "straggler", "relaunch")
+    ps_o = NodeOverride(Role.PS, 0, NodeResources(16000, 4096), "hot PS")
+    current = IDLE.replace(overrides=(ps_o, worker_o))
+    obs = three(ps_util=[0.2, 0.25], ps_cpu=8000, ps_mem=4096, worker_speeds=[100, 100])
+    plan = run(current, obs)
+    assert plan is not None
+    assert plan.overrides == (worker_o,)
+
+
+# --- stragglers -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("speeds", "slow"),
+    [
+        ([[100, 100, 30]] * 3, [2]),  # 30 < 0.5 × 100
+        ([[100, 100, 60]] * 3, []),
+        ([[100, 10]] * 3, []),  # two workers: which one is slow?
+        ([[100, 100, 30], [100, 100, 80], [100, 100, 30]], []),  # not in every observation
+        ([[20, 100, 100, 20]] * 3, [0, 3]),  # median of the others: 100, 60, 60, 100
+    ],
+)
+def test_stragglers_are_relaunched(speeds: list[list[float]], slow: list[int]) -> None:
+    n = len(speeds[0])
+    current = make_plan((n, 2000, 4096), (2, 2000, 4096), created_at_s=T0)
+    obs = [
+        make_obs(T0 + 10 * (i + 1), ps_util=[0.5, 0.5], ps_cpu=2000, ps_mem=4096, worker_speeds=s)
+        for i, s in enumerate(speeds)
+    ]
+    plan = run(current, obs)
+    if not slow:
+        assert plan is None
+        return
+    assert plan is not None
+    assert [(o.role, o.node_id, o.action) for o in plan.overrides] == [
+        (Role.WORKER, i, "relaunch") for i in slow
+    ]
+    assert all(o.resources == NodeResources(2000, 4096) for o in plan.overrides)
+
+
+# --- pending nodes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("allocated", "now_s", "timeout", "relaunch_with"),
+    [
+        ((16000, 32768), 1000.0, 900, (8000, 16384)),  # half after 900 s
+        ((16000, 32768), 800.0, 900, None),
+        ((6000, 8192), 1000.0, 900, (4000, 6144)),  # floors: 4 CPU, 6 GiB
+        ((16000, 32768), 31.0, 30, (8000, 16384)),  # the timeout comes from the spec
+        ((4000, 6144), 5000.0, 900, None),  # at the floors: nothing smaller to offer
+    ],
+)
+def test_pending_node_relaunched_at_half_size(
+    allocated: tuple[int, int],
+    now_s: float,
+    timeout: float,
+    relaunch_with: tuple[int, int] | None,
+) -> None:
+    current = make_plan((2, 2000, 4096), (1, 2000, 4096), created_at_s=T0)
+    stuck = node(
+        Role.WORKER,
+        1,
+        cpu=allocated[0],
+        mem=allocated[1],
+        cpu_util=0.0,
+        mem_util=0.0,
+        state=NodeState.PENDING,
+        since_s=0.0,
+    )
+    obs = [make_obs(now_s - 1, ps_util=[0.5], worker_speeds=[100], extra=[stuck])]
+    plan = run(current, obs, now_s=now_s, pacing__pending_timeout_s=timeout)
+    if relaunch_with is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert plan.overrides == (
+        NodeOverride(
+            Role.WORKER,
+            1,
+            NodeResources(*relaunch_with),
+            plan.overrides[0].reason,
+            "relaunch",
+        ),
+    )
+    assert plan.reasons[0].startswith("worker-1 pending:")
+
+
+def test_pending_comes_before_everything_else() -> None:
+    stuck = node(Role.PS, 1, cpu=16000, mem=32768, state=NodeState.PENDING, since_s=0.0)
+    obs = [
+        make_obs(t, ps_util=[0.95], ps_cpu=2000, ps_mem=4096, extra=[stuck])
+        for t in (1000, 1010, 1020)
+    ]
+    plan = run(TWO_PS.replace(created_at_s=900), obs, now_s=1030)
+    assert plan is not None
+    assert [(o.role, o.node_id, o.action) for o in plan.overrides] == [(Role.PS, 1, "relaunch")]
+
+
+def test_no_observations_no_action() -> None:
+    assert run(TWO_PS, []) is None
+
+
+# --- property: a stage-3 plan never leaves the quota ------------------------------------------
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    cpu_util=st.lists(st.floats(0, 1), min_size=3, max_size=3),
+    mem_util=st.lists(st.floats(0, 1), min_size=3, max_size=3),
+    speeds=st.lists(st.floats(0, 200), min_size=3, max_size=3),
+    quota_cpu=st.integers(8, 40),
+    quota_gib=st.integers(16, 64),
+    done=st.integers(0, 10_000_000),
+)
+def test_post_scaling_stays_inside_the_quota(
+    cpu_util: list[float],
+    mem_util: list[float],
+    speeds: list[float],
+    quota_cpu: int,
+    quota_gib: int,
+    done: int,
+) -> None:
+    current = make_plan((3, 2000, 4096), (2, 1000, 2048), created_at_s=T0)  # 8 CPU / 16 GiB
+    obs = [
+        make_obs(
+            T0 + 10 * (i + 1),
+            ps_util=[cpu_util[i], cpu_util[(i + 1) % 3] / 2],
+            ps_mem_util=[mem_util[i], mem_util[(i + 2) % 3]],
+            ps_cpu=1000,
+            ps_mem=2048,
+            worker_speeds=speeds,
+            samples_done=done,
+        )
+        for i in range(3)
+    ]
+    # run() asserts the quota, the stage and the clock for any plan it gets
+    run(current, obs, quota={"cpu": quota_cpu, "memory": f"{quota_gib}Gi"})

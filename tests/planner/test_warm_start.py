@@ -1,0 +1,337 @@
+"""Stage 1: cold start without history, warm start from similar runs (major-cluster mean)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from dlrover_core.errors import SpecError
+from dlrover_core.planner import Planner, PlannerConfig, major_cluster_mean
+from dlrover_core.planner.warm_start import similar_runs
+from dlrover_core.types import HistoryRecord, NodeResources, Stage
+from tests.factories import make_plan, make_spec
+
+DAY = 86400.0
+
+
+@pytest.mark.parametrize(
+    ("values", "fraction", "expected"),
+    [
+        ([10, 11, 12, 100], 0.5, 11.5),  # median 11.5; the 2 nearest are 11 and 12
+        ([5], 0.5, 5.0),
+        # median 2; k = ceil(1.5) = 2: 2, then 1 and 3 tie at distance 1: the smaller wins
+        ([1, 2, 3], 0.5, 1.5),
+        ([4, 6, 20], 0.5, 5.0),  # median 6; nearest 6 and 4
+        ([1, 1, 1, 1000], 0.5, 1.0),
+        ([1, 2, 3, 4, 5], 1.0, 3.0),  # fraction 1: the plain mean
+        ([0, 10, 20, 30, 1000], 0.6, 20.0),  # median 20; k = 3: 20, 10, 30
+    ],
+)
+def test_major_cluster_mean(values: list[float], fraction: float, expected: float) -> None:
+    assert major_cluster_mean(values, fraction) == pytest.approx(expected)
+
+
+def test_major_cluster_mean_of_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no values"):
+        major_cluster_mean([])
+
+
+# --- cold start ------------------------------------------------------------------------------
+
+# A worker with nothing observed: 1024 MiB + 64 batches of B·(13 dense + 4·26 bytes of ids)·4 B
+# = 1024 + 64·(512·117·4 / 2^20) = 1024 + 14.6 -> 1038 MiB.
+WORKER_FLOOR_MIB = 1038
+
+# Two dynamic tables, 10^9 samples at new_id_rate 0.01: 2·(1000 + 10^7) = 20,002,000 rows of
+# 16·4·2 + 48 = 176 B, plus 3281 dense params × 8 B: 3357.3 MiB, + 512 runtime = 3869.3,
+# × 1.2 margin = 4643.1 -> 4672 MiB (next multiple of 64).
+BIG_PS_MIB = 4672
+BIG_TABLES: dict[str, Any] = {
+    "model__embedding_tables": [
+        {"name": "a", "num_embeddings": "dynamic"},
+        {"name": "b", "num_embeddings": "dynamic"},
+    ],
+    "data__rows": 10**9,
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "workers", "ps"),
+    [
+        # quota/5 = 2 CPU, 8 GiB for each node
+        ({}, (1, 2000, 8192), (1, 2000, 8192)),
+        ({"quota": {"cpu": 10, "memory": "20Gi"}}, (1, 2000, 4096), (1, 2000, 4096)),
+        # caps: 16 CPU and 8 GiB
+        ({"quota": {"cpu": 100, "memory": "100Gi"}}, (1, 16000, 8192), (1, 16000, 8192)),
+        # tiny quota: CPU floor 500m; memory floors: a worker's base, quota/5 = 819 for the PS
+        ({"quota": {"cpu": 2, "memory": "4Gi"}}, (1, 500, WORKER_FLOOR_MIB), (1, 500, 819)),
+        # PS memory for the rows the tables will hold, when that exceeds quota/5
+        (
+            {**BIG_TABLES, "quota": {"cpu": 10, "memory": "20Gi"}},
+            (1, 2000, 4096),
+            (1, 2000, BIG_PS_MIB),
+        ),
+        # pins are kept; the rest is the default
+        (
+            {"constraints__workers": {"count": 3, "cpu": 1, "memory": "2Gi"}},
+            (3, 1000, 2048),
+            (1, 2000, 8192),
+        ),
+        ({"constraints__ps": {"min": 2, "cpu": "1500m"}}, (1, 2000, 8192), (2, 1500, 8192)),
+        ({"strategy": "allreduce"}, (1, 2000, 8192), (0, 2000, 8192)),
+    ],
+)
+def test_cold_start(
+    overrides: dict[str, Any], workers: tuple[int, int, int], ps: tuple[int, int, int]
+) -> None:
+    spec = make_spec(**overrides)
+    plan = Planner(spec).initial_plan(history=(), now_s=123.0)
+    assert plan.stage is Stage.COLD_START
+    assert plan.created_at_s == 123.0
+    assert (plan.workers.count, *plan.workers.resources.to_dict().values()) == workers
+    assert (plan.ps.count, *plan.ps.resources.to_dict().values()) == ps
+    assert plan.total.fits_in(spec.quota.resources)
+    assert any("cold start" in r for r in plan.reasons)
+
+
+def test_cold_start_shrinks_into_a_small_quota() -> None:
+    # 1 worker + 1 PS of 8 GiB do not fit 10 GiB, but the quota/5 rule keeps them at 2 GiB
+    spec = make_spec(quota={"cpu": 2, "memory": "10Gi"}, constraints__ps={"memory": "9Gi"})
+    plan = Planner(spec).initial_plan()
+    assert plan.ps.resources.memory_mib == 9216  # pinned: kept
+    assert plan.total.fits_in(spec.quota.resources)
+
+
+# --- warm start ------------------------------------------------------------------------------
+
+
+def record(
+    spec_key: str,
+    final: tuple[int, int],
+    peaks: tuple[int | None, int | None, int | None, int | None],
+    *,
+    finished_at_s: float = 0.0,
+    succeeded: bool = True,
+    throughput_sps: float | None = None,
+) -> HistoryRecord:
+    """A finished run: final (workers, ps) at 4 CPU each (4 GiB workers, 8 GiB PS) and the
+    peaks per node (worker CPU, worker memory, PS CPU, PS memory)."""
+    return HistoryRecord(
+        signature=spec_key,
+        finished_at_s=finished_at_s,
+        final_plan=make_plan((final[0], 4000, 4096), (final[1], 4000, 8192)),
+        succeeded=succeeded,
+        worker_cpu_used_millicores=peaks[0],
+        worker_memory_used_mib=peaks[1],
+        ps_cpu_used_millicores=peaks[2],
+        ps_memory_used_mib=peaks[3],
+        throughput_sps=throughput_sps,
+    )
+
+
+WARM_QUOTA = {"cpu": 64, "memory": "64Gi"}
+KEY = "test/dlrm-2t/synthetic"
+THREE_RUNS = [
+    record(KEY, (4, 2), (3000, 2000, 2500, 5000), throughput_sps=1000),
+    record(KEY, (6, 2), (3200, 2200, 3000, 5200), throughput_sps=1100),
+    record(KEY, (20, 4), (9000, 8000, 4000, 3000), throughput_sps=5000),  # the outlier
+]
+
+
+def test_warm_start_from_three_runs_by_hand() -> None:
+    """k = ceil(3 × 0.5) = 2 values nearest the median, averaged:
+    workers [4, 6, 20] -> 6, 4 -> 5;  PS [2, 2, 4] -> 2
+    worker CPU peaks [3000, 3200, 9000] -> 3100 × 1.2 = 3720 -> level 4000
+    PS CPU totals [2500·2, 3000·2, 4000·4] = [5000, 6000, 16000] -> 5500 × 1.5 / 2 PS = 4125
+        -> level 6000
+    worker memory [2000, 2200, 8000] -> 2100 × 1.2 = 2520 -> 2560 (multiple of 64)
+    PS memory totals [10000, 10400, 12000] -> 10200 × 1.2 / 2 PS = 6120 -> 6144
+    throughput [1000, 1100, 5000] -> 1050."""
+    spec = make_spec(quota=WARM_QUOTA)
+    assert spec.signature_key == KEY
+    plan = Planner(spec).initial_plan(THREE_RUNS, now_s=DAY)
+    assert plan.stage is Stage.WARM_START
+    assert (plan.workers.count, plan.ps.count) == (5, 2)
+    assert plan.workers.resources == NodeResources(4000, 2560)
+    assert plan.ps.resources == NodeResources(6000, 6144)
+    assert plan.predicted_throughput_sps == pytest.approx(1050.0)
+    assert plan.total == NodeResources(5 * 4000 + 2 * 6000, 5 * 2560 + 2 * 6144)
+    assert "3 similar run(s)" in plan.reasons[0]
+
+
+def test_warm_start_without_peaks_uses_the_final_plans() -> None:
+    runs = [record(KEY, (n, 1), (None, None, None, None)) for n in (2, 4, 30)]
+    plan = Planner(make_spec(quota=WARM_QUOTA)).initial_plan(runs, now_s=1.0)
+    assert plan.workers.count == 3  # median 4; nearest 4 and 2 -> 3
+    assert plan.workers.resources == NodeResources(4000, 4096)
+    assert plan.ps.resources == NodeResources(4000, 8192)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "workers", "ps"),
+    [
+        ({"constraints__workers__count": 3}, (3, 4000, 2560), (2, 6000, 6144)),
+        ({"constraints__workers__cpu": "1500m"}, (5, 1500, 2560), (2, 6000, 6144)),
+        ({"constraints__ps__memory": "5Gi"}, (5, 4000, 2560), (2, 6000, 5120)),
+        ({"constraints__ps": {"count": 4, "cpu": 2}}, (5, 4000, 2560), (4, 2000, 3072)),
+        # the PS totals are shared by the PS count the plan will have:
+        # CPU 5500 × 1.5 / 4 = 2062.5 -> 3000, memory 10200 × 1.2 / 4 = 3060 -> 3072
+        ({"constraints__ps__count": 4}, (5, 4000, 2560), (4, 3000, 3072)),
+        # CPU 5500 × 1.5 / 1 = 8250 -> 12000, memory 10200 × 1.2 = 12240 -> 12288
+        ({"constraints__ps__max": 1}, (5, 4000, 2560), (1, 12000, 12288)),
+        ({"constraints__workers__max": 4}, (4, 4000, 2560), (2, 6000, 6144)),
+        ({"constraints__ps__max_cpu": 5}, (5, 4000, 2560), (2, 5000, 6144)),
+    ],
+)
+def test_warm_start_keeps_pins_and_bounds(
+    overrides: dict[str, Any], workers: tuple[int, int, int], ps: tuple[int, int, int]
+) -> None:
+    spec = make_spec(quota=WARM_QUOTA, **overrides)
+    plan = Planner(spec).initial_plan(THREE_RUNS, now_s=DAY)
+    assert (plan.workers.count, *plan.workers.resources.to_dict().values()) == workers
+    assert (plan.ps.count, *plan.ps.resources.to_dict().values()) == ps
+
+
+def test_warm_start_caps_ps_count_at_15() -> None:
+    runs = [record(KEY, (10, 30), (None, None, None, None)) for _ in range(3)]
+    spec = make_spec(quota={"cpu": 200, "memory": "400Gi"}, constraints__ps__max=40)
+    assert Planner(spec).initial_plan(runs, now_s=1.0).ps.count == 15
+
+
+def test_warm_start_is_shrunk_into_the_quota() -> None:
+    spec = make_spec(quota={"cpu": 20, "memory": "64Gi"})
+    plan = Planner(spec).initial_plan(THREE_RUNS, now_s=DAY)
+    assert plan.total.fits_in(spec.quota.resources)
+    assert plan.ps.count == 2
+    assert plan.workers.count < 5
+    assert any("shrunk to fit the quota" in r for r in plan.reasons)
+
+
+def test_huge_history_on_a_tiny_quota_falls_back_to_the_smallest_nodes() -> None:
+    # 100 GB peaks × 1.2, clamped to 64 GiB, shrunk 40 × 0.9 is still 1773 MiB a node: the
+    # plan must end at the minimum job (1 worker + 1 PS of 500m / 512 Mi), not above quota
+    big = make_plan((1, 32000, 64000), (1, 32000, 64000))
+    runs = [HistoryRecord(KEY, 0.0, big, True, 64000, 100_000, 64000, 100_000)]
+    spec = make_spec(quota={"cpu": 1, "memory": "1Gi"})
+    plan = Planner(spec).initial_plan(runs)
+    assert plan.total == NodeResources(1000, 1024)
+    assert plan.total.fits_in(spec.quota.resources)
+
+
+@pytest.mark.parametrize(
+    ("change", "warm"),
+    [
+        ({}, True),
+        ({"signature": "other/dlrm-2t/synthetic"}, False),
+        ({"succeeded": False}, False),
+        ({"finished_at_s": -1.0}, False),  # 7 days + 1 s before now
+        ({"finished_at_s": 1.0}, True),  # oldest still inside the window
+        ({"finished_at_s": 7 * DAY + 1}, False),  # in the future of the clock
+    ],
+)
+def test_only_similar_recent_successful_runs_count(change: dict[str, Any], warm: bool) -> None:
+    now = 7 * DAY
+    base = {"signature": KEY, "finished_at_s": now - 10, "succeeded": True}
+    rec = record(
+        str({**base, **change}["signature"]),
+        (4, 2),
+        (3000, 2000, 2500, 5000),
+        finished_at_s=float({**base, **change}["finished_at_s"]),
+        succeeded=bool({**base, **change}["succeeded"]),
+    )
+    spec = make_spec(quota=WARM_QUOTA)
+    assert similar_runs(spec, [rec], now, 7 * DAY) == ([rec] if warm else [])
+    plan = Planner(spec).initial_plan([rec], now_s=now)
+    assert plan.stage is (Stage.WARM_START if warm else Stage.COLD_START)
+
+
+def test_history_window_comes_from_the_spec() -> None:
+    spec = make_spec(quota=WARM_QUOTA, pacing__history_window_s=100)
+    assert PlannerConfig.from_spec(spec).history_window_s == 100
+    old = record(KEY, (4, 2), (3000, 2000, 2500, 5000), finished_at_s=0.0)
+    assert Planner(spec).initial_plan([old], now_s=101).stage is Stage.COLD_START
+    assert Planner(spec).initial_plan([old], now_s=100).stage is Stage.WARM_START
+
+
+# --- property: every stage-1 plan respects the quota, the bounds and the pins ---------------
+
+role = st.fixed_dictionaries(
+    {},
+    optional={
+        "min": st.integers(1, 3),
+        "max": st.integers(3, 40),
+        "count": st.integers(1, 3),
+        "cpu": st.sampled_from(["500m", "1", "2", "8"]),
+        "memory": st.sampled_from(["512Mi", "1Gi", "6Gi"]),
+        "max_cpu": st.sampled_from([1, 4, 32]),
+        "max_memory": st.sampled_from(["1Gi", "16Gi", "64Gi"]),
+    },
+)
+runs = st.lists(
+    st.builds(
+        lambda w, p, wc, wm, pc, pm, per: HistoryRecord(
+            KEY,
+            0.0,
+            make_plan((w, per, per * 2), (p, per, per * 4)),
+            worker_cpu_used_millicores=wc,
+            worker_memory_used_mib=wm,
+            ps_cpu_used_millicores=pc,
+            ps_memory_used_mib=pm,
+        ),
+        st.integers(1, 100),
+        st.integers(1, 30),
+        st.one_of(st.none(), st.integers(100, 128_000)),
+        st.one_of(st.none(), st.integers(100, 200_000)),
+        st.one_of(st.none(), st.integers(100, 128_000)),
+        st.one_of(st.none(), st.integers(100, 200_000)),
+        st.integers(500, 32_000),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cpu=st.one_of(st.integers(1, 4), st.integers(1, 200)),
+    mem_gib=st.one_of(st.integers(1, 4), st.integers(1, 512)),
+    workers=role,
+    ps=role,
+    history=runs,
+    big=st.booleans(),
+)
+def test_initial_plan_respects_quota_bounds_and_pins(
+    cpu: int,
+    mem_gib: int,
+    workers: dict[str, Any],
+    ps: dict[str, Any],
+    history: list[HistoryRecord],
+    big: bool,
+) -> None:
+    try:
+        spec = make_spec(
+            quota={"cpu": cpu, "memory": f"{mem_gib}Gi"},
+            constraints={"workers": workers, "ps": ps},
+            **(BIG_TABLES if big else {}),
+        )
+    except SpecError:
+        assume(False)
+        return
+    plan = Planner(spec).initial_plan(history, now_s=0.0)
+    assert plan.total.fits_in(spec.quota.resources), plan.describe()
+    for rp, c in ((plan.workers, spec.constraints.workers), (plan.ps, spec.constraints.ps)):
+        assert c.min <= rp.count <= c.max
+        if c.count is not None:
+            assert rp.count == c.count
+        if c.cpu_millicores is not None:
+            assert rp.resources.cpu_millicores == c.cpu_millicores
+        else:
+            assert rp.resources.cpu_millicores <= c.max_cpu_millicores
+        if c.memory_mib is not None:
+            assert rp.resources.memory_mib == c.memory_mib
+        else:
+            assert rp.resources.memory_mib <= c.max_memory_mib
+    assert math.isfinite(plan.total.cpu_cores)
