@@ -53,6 +53,7 @@ class EngineConfig:
     keep_samples: int = 64
     head_reservation_s: float = 1800.0  # queue head waiting longer blocks backfill
     horizon_extra_s: float = 14 * 86_400.0
+    hang_s: float = 6 * 3600.0  # no progress this long: the job is declared hung and fails
 
 
 class _Node:
@@ -91,6 +92,7 @@ class _Run:
     version: int = 0
     hazard: float = 0.0
     hazard_next: float = 0.0
+    last_progress_s: float = 0.0
     # current piecewise-constant state
     x: float = 0.0
     xw: float = 0.0
@@ -136,10 +138,10 @@ def job_view(job: TraceJob) -> JobView:
     )
 
 
-def cluster_capacity(jobs: Sequence[TraceJob], load: float = 0.9) -> NodeResources:
+def cluster_capacity(jobs: Sequence[TraceJob], load: float = 0.8) -> NodeResources:
     """Cluster size at which the manual requests keep it ~``load`` busy on average (so
     over-requests queue) yet any single quota fits four times over."""
-    span = max(j.submit_s for j in jobs) - min(j.submit_s for j in jobs) + 86_400.0
+    span = max(j.submit_s for j in jobs) - min(j.submit_s for j in jobs) + 3600.0
     cpu = sum(j.manual_plan.total.cpu_millicores * j.manual_duration_s for j in jobs) / span
     mem = sum(j.manual_plan.total.memory_mib * j.manual_duration_s for j in jobs) / span
     big = max(j.quota.cpu_millicores for j in jobs)
@@ -278,6 +280,8 @@ class Engine:
             limits = np.array([n.res.memory_mib for n in run.ps], dtype=np.float64)
             n_oom = run.job.truth.ps_oom_samples(len(run.ps), limits)
             cands.append(t + max(0.0, n_oom - run.done) / run.x)
+        else:
+            cands.append(run.last_progress_s + self.cfg.hang_s)
         if run.n_alloc:
             cands.append(t + (run.hazard_next - run.hazard) / (run.n_alloc * self._fail_rate))
         return max(t, min(cands))
@@ -543,6 +547,7 @@ class Engine:
         run.start_s = t
         run.t_last = t
         run.config_since = t
+        run.last_progress_s = t
         run.hazard_next = float(run.rng_fail.exponential())
         plan = run.plan
         run.plan = None
@@ -589,12 +594,12 @@ class Engine:
         self._advance(run, t)
         truth = run.job.truth
         total = run.job.samples_total
-        if run.done >= total - 1e-6:
+        if run.done >= total * (1 - 1e-9) - 1e-6:
             run.done = float(total)
             self._finish(run, t, True)
             return
         frac = run.job.fatal_at_fraction
-        if frac is not None and run.done >= frac * total - 1e-6:
+        if frac is not None and run.done >= frac * total * (1 - 1e-9) - 1e-6:
             self._finish(run, t, False, "fatal code error")
             return
         self._refresh(run, t)
@@ -604,17 +609,23 @@ class Engine:
                 self._node_exit(run, n, ExitClass.OOM, t)
                 return
         if run.ps_all_up:
-            pm = self._ps_mem(run, run.done)
-            for i, n in enumerate(run.ps):
-                if pm[i] > n.res.memory_mib * (1 + 1e-9):
-                    self._node_exit(run, n, ExitClass.OOM, t)
-                    return
+            limits = np.array([n.res.memory_mib for n in run.ps], dtype=np.float64)
+            n_oom = truth.ps_oom_samples_each(len(run.ps), limits)
+            i = int(np.argmin(n_oom))
+            if run.done >= n_oom[i] * (1 - 1e-9) - 1e-6:
+                self._node_exit(run, run.ps[i], ExitClass.OOM, t)
+                return
         if run.n_alloc and run.hazard >= run.hazard_next - 1e-9:
             run.hazard_next = run.hazard + float(run.rng_fail.exponential())
             alive = [n for n in run.workers + run.ps if n.pending is None]
             victim = alive[int(run.rng_fail.integers(0, len(alive)))]
             hw = run.rng_fail.random() < self.cfg.hardware_fraction
             self._node_exit(run, victim, ExitClass.HARDWARE if hw else ExitClass.KILLED, t)
+            return
+        if run.x > 0:
+            run.last_progress_s = t
+        elif t - run.last_progress_s >= self.cfg.hang_s:
+            self._finish(run, t, False, "hung: no progress")
             return
         if t >= run.next_policy_s:
             self._policy_call(run, t)

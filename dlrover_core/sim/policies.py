@@ -188,24 +188,31 @@ class ManualPolicy:
 
 # ---- Kubernetes VPA recommender -----------------------------------------------------------
 class _DecayingHistogram:
-    """VPA-style decaying histogram: each sample weighted 2^(t/half_life)."""
+    """VPA-style histogram: exponential buckets (ratio 1.05), each sample weighted
+    2^((t - t_ref)/half_life) so old usage decays."""
+
+    ratio = 1.05
+    first = 1.0  # smallest bucket boundary (millicores or MiB)
+    n_buckets = 400
 
     def __init__(self, half_life_s: float) -> None:
         self.half_life_s = half_life_s
-        self.values: list[float] = []
-        self.weights: list[float] = []
+        self.w = np.zeros(self.n_buckets)
+        self.count = 0
+
+    def add_many(self, values: np.ndarray, t: float, weight: float = 1.0) -> None:
+        v = np.maximum(np.asarray(values, dtype=np.float64), self.first)
+        idx = np.minimum((np.log(v / self.first) / np.log(self.ratio)).astype(int), self.n_buckets - 1)
+        np.add.at(self.w, idx, weight * 2.0 ** (t / self.half_life_s))
+        self.count += int(v.size)
 
     def add(self, value: float, t: float, weight: float = 1.0) -> None:
-        self.values.append(value)
-        self.weights.append(weight * 2.0 ** (t / self.half_life_s))
+        self.add_many(np.array([value]), t, weight)
 
     def percentile(self, q: float) -> float:
-        v = np.asarray(self.values)
-        w = np.asarray(self.weights)
-        order = np.argsort(v)
-        cw = np.cumsum(w[order])
+        cw = np.cumsum(self.w)
         i = int(np.searchsorted(cw, q * cw[-1]))
-        return float(v[order][min(i, len(v) - 1)])
+        return float(self.first * self.ratio ** (min(i, self.n_buckets - 1) + 1))
 
 
 class VpaPolicy:
@@ -254,11 +261,13 @@ class VpaPolicy:
         for obs in observations:
             if obs.time_s <= last:
                 continue
-            for n in obs.nodes:
-                if n.state.value != "running":
-                    continue
-                self._hist(self._cpu, (job.name, n.role)).add(n.cpu_used_millicores, obs.time_s)
-                self._hist(self._mem, (job.name, n.role)).add(n.memory_used_mib, obs.time_s)
+            for role in (Role.WORKER, Role.PS):
+                nodes = obs.of(role)
+                if nodes:
+                    cpu = np.array([n.cpu_used_millicores for n in nodes], dtype=np.float64)
+                    mem = np.array([n.memory_used_mib for n in nodes], dtype=np.float64)
+                    self._hist(self._cpu, (job.name, role)).add_many(cpu, obs.time_s)
+                    self._hist(self._mem, (job.name, role)).add_many(mem, obs.time_s)
             self._count[job.name] = self._count.get(job.name, 0) + 1
             last = obs.time_s
         self._seen[job.name] = last
@@ -270,7 +279,7 @@ class VpaPolicy:
             rp = current.role(role)
             cpu_h = self._cpu.get((job.name, role))
             mem_h = self._mem.get((job.name, role))
-            if cpu_h is None or mem_h is None or not cpu_h.values:
+            if cpu_h is None or mem_h is None or not cpu_h.count:
                 new_roles[role] = rp
                 continue
             cpu_target = cpu_h.percentile(0.9) * self.margin
@@ -285,7 +294,7 @@ class VpaPolicy:
                 changed = True
                 new_roles[role] = RolePlan(
                     rp.count,
-                    NodeResources(max(100, int(cpu_target)), max(250, int(mem_target))),
+                    NodeResources(max(1000, int(cpu_target)), max(250, int(mem_target))),
                 )
             else:
                 new_roles[role] = rp
@@ -361,7 +370,7 @@ class AutopilotPolicy:
             cpu = float(np.percentile(cpus, 95)) * 1.1
             mem = max(mems) * 1.2
             self._hist_peak[(job.name, role)] = (cpu, mem)
-            roles[role] = RolePlan(rp.count, NodeResources(int(cpu), int(mem)))
+            roles[role] = RolePlan(rp.count, NodeResources(max(1000, int(cpu)), int(mem)))
         return replace(
             plan,
             workers=roles[Role.WORKER],
@@ -414,7 +423,7 @@ class AutopilotPolicy:
                 or abs(mem - cur.memory_mib) > self.change_threshold * cur.memory_mib
             ):
                 changed = True
-                roles[role] = RolePlan(rp.count, NodeResources(max(100, int(cpu)), int(mem)))
+                roles[role] = RolePlan(rp.count, NodeResources(max(1000, int(cpu)), int(mem)))
             else:
                 roles[role] = rp
         if not changed:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dlrover_core.sim import dlrover_oss
 from dlrover_core.sim.engine import Engine, EngineConfig, cluster_capacity
 from dlrover_core.sim.policies import POLICIES
 from dlrover_core.sim.trace import TraceJob, generate_trace
@@ -32,14 +33,31 @@ METRICS = (
 PAPER_CLAIMS = {"jct_change": -0.31, "completion_points": 0.06, "cpu_points": 0.15, "mem_points": 0.20}
 
 
+def _load_optional_policies() -> None:
+    """Register ``dlrover-rm`` (the lead's ``sim/rm_policy.py``) when it is importable."""
+    try:
+        import dlrover_core.sim.rm_policy  # noqa: F401  (registers itself)
+    except ImportError:
+        pass
+
+
 def available_policies() -> list[str]:
+    _load_optional_policies()
     return list(POLICIES)
+
+
+def unavailable_policies() -> dict[str, str]:
+    """Known peers that cannot run here, with the reason (e.g. the optional dlrover extra)."""
+    if dlrover_oss.DLROVER_OSS_UNAVAILABLE:
+        return {"dlrover-oss": dlrover_oss.DLROVER_OSS_UNAVAILABLE}
+    return {}
 
 
 def run_policy(
     jobs: Sequence[TraceJob], name: str, seed: int, config: EngineConfig | None = None
 ) -> dict[str, Any]:
     """Simulate one policy; returns its metrics plus per-job outcomes under ``"jobs"``."""
+    _load_optional_policies()
     if name not in POLICIES:
         raise KeyError(f"unknown policy {name!r}; registered: {', '.join(POLICIES)}")
     policy = POLICIES[name]()
@@ -106,6 +124,7 @@ def simulate(
 ) -> dict[str, Any]:
     """Run ``policies`` (default: every registered one) on one generated trace."""
     global _JOBS
+    _load_optional_policies()
     names = list(policies) if policies else available_policies()
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
@@ -118,7 +137,9 @@ def simulate(
     if processes > 1 and len(names) > 1 and "fork" in mp.get_all_start_methods():
         ctx = mp.get_context("fork")
         with ctx.Pool(min(processes, len(names))) as pool:
-            for name, res in pool.imap_unordered(_worker, [(n, seed) for n in names]):
+            # replanning policies take longest: start them first so two processes balance
+            order = sorted(names, key=lambda n: POLICIES[n].interval_s is None)
+            for name, res in pool.imap_unordered(_worker, [(n, seed) for n in order]):
                 results[name] = res
     else:
         for n in names:

@@ -112,7 +112,7 @@ def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signat
         seed=int(seed * 100_003 + sig_id),
         samples_total=1,  # set below, per run
         c_w=c_w,
-        k_w=float(rng.uniform(3.0, 10.0)),
+        k_w=float(rng.uniform(2.5, 8.0)),
         o_w=float(rng.uniform(0.5, 1.5)),
         c_p=c_w * float(rng.uniform(0.15, 0.5)),
         k_p=float(rng.uniform(6.0, 16.0)),
@@ -128,7 +128,7 @@ def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signat
         row_mib=row_mib,
     )
     # the user's manual request: oversized nodes, a guessed PS count
-    wcpu = float(rng.choice([8, 12, 16, 24, 32], p=[0.1, 0.15, 0.3, 0.25, 0.2]))
+    wcpu = float(rng.choice([12, 16, 24, 32], p=[0.15, 0.3, 0.3, 0.25]))
     pcpu = float(rng.choice([8, 16, 24, 32], p=[0.3, 0.35, 0.2, 0.15]))
     if large:
         w = int(rng.integers(max(3, math.ceil(70 / wcpu)), max(8, math.ceil(400 / wcpu)) + 1))
@@ -179,11 +179,11 @@ def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signat
 
 
 def generate_trace(n_jobs: int, seed: int) -> list[TraceJob]:
-    """``n_jobs`` jobs over ``max(2, n_jobs/100)`` days, sorted by submit time."""
+    """``n_jobs`` jobs over ``max(3, n_jobs/100)`` days, sorted by submit time."""
     if n_jobs < 1:
         raise ValueError("n_jobs must be >= 1")
     rng = np.random.default_rng([seed, 1])
-    days = max(2.0, n_jobs / 100.0)
+    days = max(3.0, n_jobs / 100.0)
     span = days * DAY_S
     entries: list[tuple[float, _Signature, int, bool]] = []
     sig_id = 0

@@ -3,7 +3,7 @@
 The family is deliberately *not* the planner's model (``T_iter = a0 + a1·B/λw + ...``):
 
 * worker compute: ``c_w`` core-seconds per sample on a worker whose threads saturate: the
-  effective cores of a node with ``λ`` cores are ``k·(1 − exp(−(λ − o)/k))`` (``o`` cores of
+  effective cores of a node with ``λ`` cores are ``k·(1 − exp(−λ/k))·λ/(λ + o)`` (``o``:
   framework overhead, ``k`` a per-job parallelism cap of ~4–16 cores);
 * PS service: ``c_p`` core-seconds per sample for the whole PS set, split by per-PS load shares
   drawn from a Dirichlet (hot IDs), so the hottest PS bounds the rate (hot PS);
@@ -104,10 +104,12 @@ class JobTruth:
         return float(self.load_shares(p).max())
 
     def eff_worker(self, cpu: FloatArray | float) -> FloatArray | float:
-        return self.k_w * (1.0 - np.exp(-np.maximum(np.asarray(cpu) - self.o_w, 0.0) / self.k_w))
+        c = np.maximum(np.asarray(cpu, dtype=np.float64), 0.0)
+        return self.k_w * (1.0 - np.exp(-c / self.k_w)) * c / (c + self.o_w)
 
     def eff_ps(self, cpu: FloatArray | float) -> FloatArray | float:
-        return self.k_p * (1.0 - np.exp(-np.maximum(np.asarray(cpu) - self.o_p, 0.0) / self.k_p))
+        c = np.maximum(np.asarray(cpu, dtype=np.float64), 0.0)
+        return self.k_p * (1.0 - np.exp(-c / self.k_p)) * c / (c + self.o_p)
 
     # ---- throughput ------------------------------------------------------------------
     def rates(
@@ -183,14 +185,16 @@ class JobTruth:
         """(MiB per worker, MiB per PS) after ``samples_done`` samples."""
         return self.worker_memory_mib, self.ps_memory_used(p, samples_done)
 
-    def ps_oom_samples(self, p: int, ps_limits_mib: FloatArray) -> float:
-        """Samples done at which the first PS exceeds its limit (inf if never; 0 if now)."""
+    def ps_oom_samples_each(self, p: int, ps_limits_mib: FloatArray) -> FloatArray:
+        """Per PS: samples done at which it exceeds its limit (0 if it already does)."""
         shares = self.memory_shares(p)
         room = (ps_limits_mib - self.ps_base_memory_mib) / shares - self.dense_memory_mib
-        if np.any(room <= 0):
-            return 0.0
-        n = (room / (self.emb_k * self.row_mib)) ** (1.0 / self.emb_beta)
-        return float(n.min())
+        n = (np.maximum(room, 0.0) / (self.emb_k * self.row_mib)) ** (1.0 / self.emb_beta)
+        return np.asarray(n, dtype=np.float64)
+
+    def ps_oom_samples(self, p: int, ps_limits_mib: FloatArray) -> float:
+        """Samples done at which the first PS exceeds its limit (0 if one already does)."""
+        return float(self.ps_oom_samples_each(p, ps_limits_mib).min())
 
     # ---- oracle ----------------------------------------------------------------------
     def oracle_config(self, quota_cpu_cores: float, quota_memory_mib: float) -> OracleConfig:

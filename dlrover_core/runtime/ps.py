@@ -1,0 +1,844 @@
+"""A parameter server: one shard of the embedding tables and of the dense parameters.
+
+:class:`PSShard` is the state (no IO): per table a growable float32 matrix with an Adagrad
+accumulator and an id → row index. Rows are created the first time an id is pulled (or
+pushed), with a deterministic initial value drawn from a hash of (seed, table, id), so PS memory
+grows the way it does in CTR training and a row re-created anywhere starts the same.
+
+:class:`PSServer` serves a shard over the wire protocol as service ``dlrover.PS``:
+
+=========== ====================================================== ==========================
+method      request                                                reply
+=========== ====================================================== ==========================
+Pull        fields tables, dims, counts; array ids (concatenated)  array values (flat float32)
+Push        fields tables, dims, counts, [lr]; arrays ids, grads   fields step
+PullDense   fields [names]                                         one array per parameter
+PushDense   fields [lr]; one gradient array per parameter          fields step
+InitDense   one array per parameter (first writer wins)            fields created (names)
+Checkpoint  fields [step]                                          fields path, step, skipped
+Stats       —                                                      :meth:`PSShard.stats` + rss
+Ping        —                                                      fields index, num_ps, pid
+=========== ====================================================== ==========================
+
+Run one as a process::
+
+    python -m dlrover_core.runtime.ps --run-dir DIR --index I --num-ps N [--port 0]
+        [--restore-from DIR1,DIR2,...] [--checkpoint-every-s S] [--lr 0.05]
+
+It reads the job token from DIR, restores its state (its own latest checkpoint if one matches
+(I, N), else a re-shard of the --restore-from checkpoints), serves, writes
+``DIR/ps/ps-{I}.addr`` (JSON: address, pid, index, num_ps, restored_step, checkpoint_dir),
+checkpoints to ``DIR/ps/ps-{I}/`` every S seconds when something changed, and on SIGTERM
+stops serving, writes a final checkpoint and exits 0. Exit 1 means its checkpoints are unusable
+(a relaunch would not help).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from dlrover_core.runtime import checkpoint as ckpt
+from dlrover_core.runtime import wire
+from dlrover_core.runtime.partition import as_uint64, splitmix64, table_salt
+
+log = logging.getLogger(__name__)
+
+SERVICE = "dlrover.PS"
+DEFAULT_LR = 0.05
+DEFAULT_EPS = 1e-8
+DEFAULT_INIT_STD = 0.01
+_MIN_CAPACITY = 1024
+_GROWTH = 1.5
+_DELTA_MIN = 1 << 16
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+
+
+# --- helpers shared with the client ----------------------------------------------------------
+
+
+def aggregate(ids: npt.ArrayLike, grads: npt.ArrayLike, dim: int) -> tuple[I64, F32]:
+    """Sum the gradient rows of duplicate ids: returns (sorted unique ids, summed grads)."""
+    i = np.asarray(ids, dtype=np.int64).reshape(-1)
+    g = np.asarray(grads, dtype=np.float32).reshape(-1, dim)
+    if g.shape[0] != i.shape[0]:
+        raise ValueError(f"{i.shape[0]} ids but {g.shape[0]} gradient rows of dim {dim}")
+    if i.size == 0:
+        return i, g
+    if i.size == 1 or bool(np.all(i[1:] > i[:-1])):
+        return i, g
+    order = np.argsort(i, kind="stable")
+    s = i[order]
+    first = np.empty(s.size, dtype=bool)
+    first[0] = True
+    np.not_equal(s[1:], s[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    return s[starts], np.add.reduceat(g[order], starts, axis=0)
+
+
+def init_rows(table: str, ids: I64, dim: int, seed: int = 0, std: float = DEFAULT_INIT_STD) -> F32:
+    """Deterministic normal(0, std) rows for ``ids``: a function of (seed, table, id) only."""
+    mix = splitmix64(np.array([seed], dtype=np.uint64))[0] ^ table_salt(table)
+    base = splitmix64(as_uint64(ids) ^ mix)
+    cols = np.arange(1, dim + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
+    x = splitmix64(base[:, None] ^ cols[None, :])
+    u1 = ((x >> np.uint64(32)).astype(np.float64) + 0.5) * (1.0 / 4294967296.0)
+    u2 = (x & np.uint64(0xFFFFFFFF)).astype(np.float64) * (1.0 / 4294967296.0)
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    return (z * std).astype(np.float32)
+
+
+def _search(keys: I64, vals: I64, q: I64) -> I64:
+    """Row of each query in the sorted ``keys`` (−1 where absent)."""
+    if keys.size == 0:
+        return np.full(q.shape, -1, dtype=np.int64)
+    pos = np.searchsorted(keys, q)
+    np.minimum(pos, keys.size - 1, out=pos)
+    return np.where(keys[pos] == q, vals[pos], -1)
+
+
+# --- the state -------------------------------------------------------------------------------
+
+
+class _Table:
+    """One embedding table's rows on this PS.
+
+    The id → row index is two sorted arrays (a large main level and a small delta level that
+    new ids are merged into, folded into the main level when it grows past 1/32 of it), so
+    lookups and inserts are vectorised binary searches and the index costs 16 bytes a row."""
+
+    def __init__(self, name: str, dim: int, seed: int, init_std: float) -> None:
+        self.name = name
+        self.dim = dim
+        self.seed = seed
+        self.init_std = init_std
+        self.lock = threading.Lock()
+        self.n = 0
+        self.weights: F32 = np.empty((0, dim), np.float32)
+        self.accum: F32 = np.empty((0, dim), np.float32)
+        self.row_ids: I64 = np.empty(0, np.int64)
+        self._keys: I64 = np.empty(0, np.int64)
+        self._rows: I64 = np.empty(0, np.int64)
+        self._dkeys: I64 = np.empty(0, np.int64)
+        self._drows: I64 = np.empty(0, np.int64)
+
+    # callers hold self.lock for everything below
+
+    def _reserve(self, n: int) -> None:
+        cap = self.weights.shape[0]
+        if n <= cap:
+            return
+        new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
+        for attr in ("weights", "accum"):
+            old = getattr(self, attr)
+            new = np.empty((new_cap, self.dim), np.float32)
+            new[: self.n] = old[: self.n]
+            setattr(self, attr, new)
+        ids = np.empty(new_cap, np.int64)
+        ids[: self.n] = self.row_ids[: self.n]
+        self.row_ids = ids
+
+    def _index_insert(self, new_ids: I64, new_rows: I64) -> None:
+        """Insert sorted, absent ``new_ids`` into the delta level."""
+        pos = np.searchsorted(self._dkeys, new_ids)
+        self._dkeys = np.insert(self._dkeys, pos, new_ids)
+        self._drows = np.insert(self._drows, pos, new_rows)
+        if self._dkeys.size > max(_DELTA_MIN, self._keys.size // 32):
+            pos = np.searchsorted(self._keys, self._dkeys)
+            self._keys = np.insert(self._keys, pos, self._dkeys)
+            self._rows = np.insert(self._rows, pos, self._drows)
+            self._dkeys = np.empty(0, np.int64)
+            self._drows = np.empty(0, np.int64)
+
+    def rows_for(self, uniq: I64) -> tuple[I64, int]:
+        """Rows of the sorted unique ``uniq`` ids, creating absent ones; returns (rows, created)."""
+        rows = _search(self._keys, self._rows, uniq)
+        miss = rows < 0
+        if self._dkeys.size and miss.any():
+            rows[miss] = _search(self._dkeys, self._drows, uniq[miss])
+            miss = rows < 0
+        k = int(np.count_nonzero(miss))
+        if k:
+            new_ids = uniq[miss]
+            new_rows = np.arange(self.n, self.n + k, dtype=np.int64)
+            self._reserve(self.n + k)
+            self.weights[self.n : self.n + k] = init_rows(
+                self.name, new_ids, self.dim, self.seed, self.init_std
+            )
+            self.accum[self.n : self.n + k] = 0.0
+            self.row_ids[self.n : self.n + k] = new_ids
+            self.n += k
+            rows[miss] = new_rows
+            self._index_insert(new_ids, new_rows)
+        return rows, k
+
+    def load(self, state: ckpt.TableState) -> None:
+        n = state.rows
+        self.n = 0
+        self.weights = np.empty((0, self.dim), np.float32)
+        self.accum = np.empty((0, self.dim), np.float32)
+        self.row_ids = np.empty(0, np.int64)
+        self._reserve(n)
+        self.weights[:n] = state.weights
+        self.accum[:n] = state.accum
+        self.row_ids[:n] = state.ids
+        self.n = n
+        order = np.argsort(state.ids, kind="stable")
+        self._keys = np.ascontiguousarray(state.ids[order], dtype=np.int64)
+        self._rows = order.astype(np.int64)
+        self._dkeys = np.empty(0, np.int64)
+        self._drows = np.empty(0, np.int64)
+        if n and bool(np.any(self._keys[1:] == self._keys[:-1])):
+            raise ckpt.CheckpointError(f"table {self.name!r}: duplicate ids in the restored state")
+
+    def snapshot(self) -> ckpt.TableState:
+        n = self.n
+        return ckpt.TableState(
+            self.dim, self.row_ids[:n].copy(), self.weights[:n].copy(), self.accum[:n].copy()
+        )
+
+    def allocated_bytes(self) -> int:
+        return int(
+            self.weights.nbytes
+            + self.accum.nbytes
+            + self.row_ids.nbytes
+            + self._keys.nbytes
+            + self._rows.nbytes
+            + self._dkeys.nbytes
+            + self._drows.nbytes
+        )
+
+
+class PSShard:
+    """The parameters and optimizer state one PS holds; thread-safe (a lock per table).
+
+    Sparse and dense parameters are updated with Adagrad:
+    ``accum += g²; w -= lr · g / (sqrt(accum) + eps)``, duplicate ids summed first."""
+
+    def __init__(
+        self,
+        index: int = 0,
+        num_ps: int = 1,
+        seed: int = 0,
+        init_std: float = DEFAULT_INIT_STD,
+        eps: float = DEFAULT_EPS,
+    ) -> None:
+        self.index = index
+        self.num_ps = num_ps
+        self.seed = seed
+        self.init_std = init_std
+        self.eps = eps
+        self._tables: dict[str, _Table] = {}
+        self._tables_lock = threading.Lock()
+        self._dense: dict[str, tuple[F32, F32]] = {}
+        self._dense_lock = threading.Lock()
+        self._counter_lock = threading.Lock()
+        self.step = 0  # push calls applied (sparse or dense)
+        self.version = 0  # changes of any kind, for "anything to checkpoint?"
+        self.pull_calls = 0
+        self.push_calls = 0
+        self.pulled_ids = 0
+        self.pushed_ids = 0
+
+    # --- tables ---
+
+    def table(self, name: str, dim: int) -> _Table:
+        t = self._tables.get(name)
+        if t is None:
+            if dim < 1:
+                raise ValueError(f"table {name!r}: dim must be positive, got {dim}")
+            with self._tables_lock:
+                t = self._tables.get(name)
+                if t is None:
+                    t = self._tables[name] = _Table(name, dim, self.seed, self.init_std)
+        if t.dim != dim:
+            raise ValueError(f"table {name!r} has dim {t.dim} on this PS, the caller says {dim}")
+        return t
+
+    @property
+    def tables(self) -> dict[str, int]:
+        return {n: t.dim for n, t in self._tables.items()}
+
+    @property
+    def num_rows(self) -> int:
+        return sum(t.n for t in self._tables.values())
+
+    def _count(
+        self,
+        pulls: int = 0,
+        pushes: int = 0,
+        pulled: int = 0,
+        pushed: int = 0,
+        changed: bool = False,
+    ) -> None:
+        with self._counter_lock:
+            self.pull_calls += pulls
+            self.push_calls += pushes
+            self.step += pushes
+            self.pulled_ids += pulled
+            self.pushed_ids += pushed
+            if changed or pushes:
+                self.version += 1
+
+    def _pull_one(self, table: str, ids: npt.ArrayLike, dim: int | None) -> tuple[F32, int]:
+        i = np.asarray(ids, dtype=np.int64).reshape(-1)
+        t = self._tables.get(table) if dim is None else self.table(table, dim)
+        if t is None:
+            raise ValueError(f"unknown table {table!r}: give its dim on first use")
+        if i.size == 0:
+            return np.empty((0, t.dim), np.float32), 0
+        presorted = i.size == 1 or bool(np.all(i[1:] > i[:-1]))
+        if presorted:
+            with t.lock:
+                rows, created = t.rows_for(i)
+                return t.weights[rows], created
+        uniq, inv = np.unique(i, return_inverse=True)
+        with t.lock:
+            rows, created = t.rows_for(uniq)
+            return t.weights[rows[inv]], created
+
+    def pull(self, table: str, ids: npt.ArrayLike, dim: int | None = None) -> F32:
+        """Rows of ``ids`` (shape [n, dim]); absent ids get their deterministic initial rows.
+
+        ``dim`` is needed the first time a table is seen on this PS."""
+        out, created = self._pull_one(table, ids, dim)
+        self._count(pulls=1, pulled=out.shape[0], changed=created > 0)
+        return out
+
+    def pull_many(self, requests: Sequence[tuple[str, npt.ArrayLike, int | None]]) -> list[F32]:
+        """Several tables in one call: ``[(table, ids, dim), ...]`` → one array each."""
+        outs, created, n = [], 0, 0
+        for table, ids, dim in requests:
+            out, c = self._pull_one(table, ids, dim)
+            outs.append(out)
+            created += c
+            n += out.shape[0]
+        self._count(pulls=1, pulled=n, changed=created > 0)
+        return outs
+
+    def _push_one(
+        self, table: str, ids: npt.ArrayLike, grads: npt.ArrayLike, lr: float, dim: int | None
+    ) -> int:
+        t = self._tables.get(table) if dim is None else self.table(table, dim)
+        if t is None:
+            g = np.asarray(grads)
+            t = self.table(table, int(g.shape[-1]) if g.ndim else 0)
+        uniq, g = aggregate(ids, grads, t.dim)
+        if uniq.size == 0:
+            return 0
+        eps = np.float32(self.eps)
+        lr32 = np.float32(lr)
+        with t.lock:
+            rows, _ = t.rows_for(uniq)
+            acc = t.accum[rows]
+            acc += g * g
+            t.accum[rows] = acc
+            t.weights[rows] -= lr32 * g / (np.sqrt(acc) + eps)
+        return int(uniq.size)
+
+    def push(
+        self,
+        table: str,
+        ids: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        lr: float = DEFAULT_LR,
+        dim: int | None = None,
+    ) -> None:
+        """Apply Adagrad with ``grads`` ([n, dim]) to the rows of ``ids``; duplicates are summed."""
+        n = self._push_one(table, ids, grads, lr, dim)
+        self._count(pushes=1, pushed=n)
+
+    def push_many(
+        self,
+        updates: Sequence[tuple[str, npt.ArrayLike, npt.ArrayLike, int | None]],
+        lr: float = DEFAULT_LR,
+    ) -> None:
+        """Several tables in one step: ``[(table, ids, grads, dim), ...]``."""
+        n = sum(self._push_one(t, i, g, lr, d) for t, i, g, d in updates)
+        self._count(pushes=1, pushed=n)
+
+    # --- dense ---
+
+    def init_dense(self, params: Mapping[str, npt.ArrayLike]) -> list[str]:
+        """Set dense parameters not set yet (first writer wins); returns the names it set."""
+        created = []
+        with self._dense_lock:
+            for name, value in params.items():
+                if name in self._dense:
+                    continue
+                w = np.array(value, dtype=np.float32, copy=True)
+                self._dense[name] = (w, np.zeros_like(w))
+                created.append(name)
+        if created:
+            self._count(changed=True)
+        return created
+
+    def pull_dense(self, names: Sequence[str] | None = None) -> dict[str, F32]:
+        with self._dense_lock:
+            keys = list(self._dense) if names is None else [n for n in names if n in self._dense]
+            return {n: self._dense[n][0].copy() for n in keys}
+
+    def push_dense(self, grads: Mapping[str, npt.ArrayLike], lr: float = DEFAULT_LR) -> None:
+        eps = np.float32(self.eps)
+        lr32 = np.float32(lr)
+        with self._dense_lock:
+            for name in grads:
+                if name not in self._dense:
+                    raise ValueError(
+                        f"dense parameter {name!r} is not on PS {self.index}; init_dense it first"
+                    )
+            for name, grad in grads.items():
+                w, acc = self._dense[name]
+                g = np.asarray(grad, dtype=np.float32).reshape(w.shape)
+                acc += g * g
+                w -= lr32 * g / (np.sqrt(acc) + eps)
+        self._count(pushes=1)
+
+    # --- state ---
+
+    def snapshot(self) -> ckpt.ShardState:
+        """A copy of everything (each table copied under its lock)."""
+        with self._counter_lock:
+            step = self.step
+        state = ckpt.ShardState(index=self.index, num_ps=self.num_ps, step=step)
+        for name, t in list(self._tables.items()):
+            with t.lock:
+                state.tables[name] = t.snapshot()
+        with self._dense_lock:
+            for name, (w, acc) in self._dense.items():
+                state.dense[name] = ckpt.DenseState(w.copy(), acc.copy())
+        return state
+
+    def restore(self, state: ckpt.ShardState) -> None:
+        """Replace everything with ``state`` (index and num_ps stay this shard's)."""
+        tables = {}
+        for name, ts in state.tables.items():
+            t = _Table(name, ts.dim, self.seed, self.init_std)
+            t.load(ts)
+            tables[name] = t
+        with self._tables_lock:
+            self._tables = tables
+        with self._dense_lock:
+            self._dense = {
+                n: (d.weight.astype(np.float32, copy=True), d.accum.astype(np.float32, copy=True))
+                for n, d in state.dense.items()
+            }
+        with self._counter_lock:
+            self.step = state.step
+            self.version += 1
+
+    @classmethod
+    def from_state(cls, state: ckpt.ShardState, **kwargs: Any) -> PSShard:
+        shard = cls(index=state.index, num_ps=state.num_ps, **kwargs)
+        shard.restore(state)
+        return shard
+
+    def stats(self) -> dict[str, Any]:
+        tables = {}
+        param = state_b = alloc = 0
+        for name, t in list(self._tables.items()):
+            with t.lock:
+                n, alloc_t = t.n, t.allocated_bytes()
+            tables[name] = {"rows": n, "dim": t.dim}
+            param += n * t.dim * 4
+            state_b += n * t.dim * 4
+            alloc += alloc_t
+        with self._dense_lock:
+            dense_b = sum(w.nbytes for w, _ in self._dense.values())
+            dense_n = len(self._dense)
+        with self._counter_lock:
+            counters = {
+                "step": self.step,
+                "pull_calls": self.pull_calls,
+                "push_calls": self.push_calls,
+                "pulled_ids": self.pulled_ids,
+                "pushed_ids": self.pushed_ids,
+            }
+        return {
+            "index": self.index,
+            "num_ps": self.num_ps,
+            "tables": tables,
+            "rows": sum(t["rows"] for t in tables.values()),
+            "dense_params": dense_n,
+            "param_bytes": param + dense_b,
+            "state_bytes": state_b + dense_b,
+            "allocated_bytes": alloc + 2 * dense_b,
+            **counters,
+        }
+
+
+# --- the service -----------------------------------------------------------------------------
+
+
+def _bad(message: str) -> wire.RpcError:
+    import grpc
+
+    return wire.RpcError(message, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
+    tables = list(msg.get("tables", []))
+    dims = [int(d) for d in msg.get("dims", [])]
+    counts = [int(c) for c in msg.get("counts", [])]
+    if not (len(tables) == len(dims) == len(counts)):
+        raise _bad("tables, dims and counts must have the same length")
+    ids = msg.arrays.get("ids", np.empty(0, np.int64))
+    if ids.size != sum(counts):
+        raise _bad(f"counts add up to {sum(counts)} but {ids.size} ids were sent")
+    grads = msg.arrays.get("grads") if with_grads else None
+    if with_grads:
+        want = sum(c * d for c, d in zip(counts, dims, strict=True))
+        if grads is None or grads.size != want:
+            got = None if grads is None else grads.size
+            raise _bad(f"expected {want} gradient values, got {got}")
+    out = []
+    i = g = 0
+    for name, dim, c in zip(tables, dims, counts, strict=True):
+        part_g = grads[g : g + c * dim].reshape(c, dim) if grads is not None else None
+        out.append((str(name), ids[i : i + c], part_g, dim))
+        i += c
+        g += c * dim
+    return out
+
+
+class PSServer:
+    """Serves a :class:`PSShard` as ``dlrover.PS``; checkpoints into ``checkpoint_dir``."""
+
+    def __init__(
+        self,
+        shard: PSShard,
+        token: str,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        lr: float = DEFAULT_LR,
+        max_workers: int = 8,
+    ) -> None:
+        self.shard = shard
+        self.token = token
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.host = host
+        self.port = port
+        self.lr = lr
+        self.max_workers = max_workers
+        self.server: Any = None
+        self.last_checkpoint: ckpt.CheckpointInfo | None = None
+        self._ckpt_version = -1
+        self._ckpt_lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def handlers(self) -> dict[str, wire.Handler]:
+        return {
+            "Pull": self._pull,
+            "Push": self._push,
+            "PullDense": self._pull_dense,
+            "PushDense": self._push_dense,
+            "InitDense": self._init_dense,
+            "Checkpoint": self._checkpoint,
+            "Stats": self._stats,
+            "Ping": self._ping,
+        }
+
+    def start(self) -> int:
+        self.server, self.port = wire.serve(
+            SERVICE, self.handlers(), self.token, self.host, self.port, self.max_workers
+        )
+        return self.port
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        if self.server is not None:
+            self.server.stop(grace_s).wait()
+            self.server = None
+
+    def mark_checkpointed(self, info: ckpt.CheckpointInfo | None) -> None:
+        """Record that the current state is already on disk (e.g. just restored from it)."""
+        self.last_checkpoint = info
+        self._ckpt_version = self.shard.version
+
+    def checkpoint(self, step: int | None = None, force: bool = False) -> ckpt.CheckpointInfo:
+        """Write a checkpoint unless nothing changed since the last one (then return that)."""
+        if self.checkpoint_dir is None:
+            raise ValueError("this PS has no checkpoint directory")
+        with self._ckpt_lock:
+            version = self.shard.version
+            if self.last_checkpoint is not None and version == self._ckpt_version and not force:
+                return self.last_checkpoint
+            info = ckpt.save(self.shard, self.checkpoint_dir, step)
+            self.last_checkpoint = info
+            self._ckpt_version = version
+            return info
+
+    # handlers
+
+    def _pull(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
+        reqs = _split_request(msg, with_grads=False)
+        try:
+            outs = self.shard.pull_many([(name, ids, dim) for name, ids, _, dim in reqs])
+        except ValueError as e:
+            raise _bad(str(e)) from e
+        flat = np.concatenate([o.reshape(-1) for o in outs]) if outs else np.empty(0, np.float32)
+        return {}, {"values": flat}
+
+    def _push(self, msg: wire.Message) -> dict[str, Any]:
+        reqs = _split_request(msg, with_grads=True)
+        lr = float(msg.get("lr") if msg.get("lr") is not None else self.lr)
+        try:
+            self.shard.push_many([(n, i, g, d) for n, i, g, d in reqs], lr)
+        except ValueError as e:
+            raise _bad(str(e)) from e
+        return {"step": self.shard.step}
+
+    def _pull_dense(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
+        names = msg.get("names")
+        return {}, dict(self.shard.pull_dense(names))
+
+    def _push_dense(self, msg: wire.Message) -> dict[str, Any]:
+        lr = float(msg.get("lr") if msg.get("lr") is not None else self.lr)
+        try:
+            self.shard.push_dense(msg.arrays, lr)
+        except ValueError as e:
+            raise _bad(str(e)) from e
+        return {"step": self.shard.step}
+
+    def _init_dense(self, msg: wire.Message) -> dict[str, Any]:
+        return {"created": self.shard.init_dense(msg.arrays)}
+
+    def _checkpoint(self, msg: wire.Message) -> dict[str, Any]:
+        step = msg.get("step")
+        try:
+            before = self.last_checkpoint
+            info = self.checkpoint(None if step is None else int(step))
+        except (OSError, ValueError) as e:
+            raise wire.RpcError(f"checkpoint failed on PS {self.shard.index}: {e}") from e
+        return {"path": str(info.path), "step": info.step, "skipped": info is before}
+
+    def _stats(self, msg: wire.Message) -> dict[str, Any]:
+        out = self.shard.stats()
+        try:
+            import psutil
+
+            out["rss_bytes"] = int(psutil.Process().memory_info().rss)
+        except Exception:  # psutil is optional here: stats without rss are still useful
+            out["rss_bytes"] = None
+        out["pid"] = os.getpid()
+        return out
+
+    def _ping(self, msg: wire.Message) -> dict[str, Any]:
+        return {
+            "index": self.shard.index,
+            "num_ps": self.shard.num_ps,
+            "pid": os.getpid(),
+            "step": self.shard.step,
+        }
+
+
+# --- where a PS process lives in the run directory -------------------------------------------
+
+
+def ps_dir(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / "ps"
+
+
+def addr_path(run_dir: str | os.PathLike[str], index: int) -> Path:
+    return ps_dir(run_dir) / f"ps-{index}.addr"
+
+
+def checkpoint_dir(run_dir: str | os.PathLike[str], index: int) -> Path:
+    return ps_dir(run_dir) / f"ps-{index}"
+
+
+def read_addr(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The JSON a PS wrote when it started serving, or None if there is none (yet)."""
+    try:
+        data: dict[str, Any] = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(dict(data), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def restore_shard(
+    index: int,
+    num_ps: int,
+    own_dir: str | os.PathLike[str],
+    restore_from: Sequence[str | os.PathLike[str]] = (),
+    **shard_kwargs: Any,
+) -> tuple[PSShard, ckpt.CheckpointInfo | None, str]:
+    """The shard a PS process starts with, and where it came from.
+
+    Its own latest checkpoint wins when it was written by PS (index, num_ps); otherwise the
+    state is re-sharded from ``restore_from`` (the old PS set's checkpoint directories);
+    otherwise it starts empty. Returns (shard, checkpoint it equals or None, source)."""
+    shard = PSShard(index=index, num_ps=num_ps, **shard_kwargs)
+    own = ckpt.load_latest(own_dir)
+    if own is not None and (own.info.index, own.info.num_ps) == (index, num_ps):
+        shard.restore(own.state)
+        return shard, own.info, f"own:{own.info.path}"
+    if own is not None:
+        log.warning(
+            "ignoring %s: written by PS %d of %d, this is PS %d of %d",
+            own.info.path,
+            own.info.index,
+            own.info.num_ps,
+            index,
+            num_ps,
+        )
+    if restore_from:
+        res = ckpt.load_for(index, num_ps, restore_from)
+        shard.restore(res.state)
+        return shard, None, "reshard:" + ",".join(str(d) for d in restore_from)
+    return shard, None, "empty"
+
+
+def _lock_dir(directory: Path, wait_s: float = 10.0) -> TextIO:
+    """Hold an exclusive lock on ``directory`` for the life of the process (two live PS must
+    not write one checkpoint directory; the kernel drops the lock when the process dies)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    f = open(directory / ".lock", "a+")  # noqa: SIM115 - held until the process exits
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                f.close()
+                raise ckpt.CheckpointError(
+                    f"another live PS holds {directory}; give this PS its own --ckpt-dir "
+                    "(each PS set of a migration needs separate directories)"
+                ) from None
+            time.sleep(0.1)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dlrover_core.runtime.ps", description=__doc__)
+    p.add_argument("--run-dir", required=True, help="the job's run directory (holds the token)")
+    p.add_argument("--index", type=int, required=True, help="this PS's index, 0-based")
+    p.add_argument("--num-ps", type=int, required=True, help="how many PS the set has")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument(
+        "--restore-from",
+        default="",
+        help="comma-separated checkpoint directories of the old PS set, to re-shard from",
+    )
+    p.add_argument("--ckpt-dir", default=None, help="default RUN_DIR/ps/ps-INDEX")
+    p.add_argument("--addr-file", default=None, help="default RUN_DIR/ps/ps-INDEX.addr")
+    p.add_argument("--checkpoint-every-s", type=float, default=30.0, help="0 disables")
+    p.add_argument("--lr", type=float, default=DEFAULT_LR)
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial rows")
+    p.add_argument("--threads", type=int, default=8, help="gRPC worker threads")
+    args = p.parse_args(argv)
+    if not 0 <= args.index < args.num_ps:
+        p.error(f"--index {args.index} must be in 0..{args.num_ps - 1}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s ps %(levelname)s %(message)s")
+    args = _parse(argv)
+    run_dir = Path(args.run_dir)
+    token = wire.read_token(run_dir)
+    own_dir = Path(args.ckpt_dir) if args.ckpt_dir else checkpoint_dir(run_dir, args.index)
+    addr_file = Path(args.addr_file) if args.addr_file else addr_path(run_dir, args.index)
+    restore_from = [d for d in args.restore_from.split(",") if d]
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    try:
+        lock = _lock_dir(own_dir)
+        shard, restored, source = restore_shard(
+            args.index, args.num_ps, own_dir, restore_from, seed=args.seed
+        )
+    except ckpt.CheckpointError as e:
+        print(f"ps {args.index}: cannot restore: {e}", file=sys.stderr)
+        return 1
+    server = PSServer(
+        shard, token, own_dir, args.host, args.port, args.lr, max_workers=args.threads
+    )
+    server.mark_checkpointed(restored)
+    port = server.start()
+    log.info(
+        "PS %d/%d serving on %s:%d, %d rows restored (%s)",
+        args.index,
+        args.num_ps,
+        args.host,
+        port,
+        shard.num_rows,
+        source,
+    )
+    write_json_atomic(
+        addr_file,
+        {
+            "address": f"{args.host}:{port}",
+            "pid": os.getpid(),
+            "index": args.index,
+            "num_ps": args.num_ps,
+            "restored_step": shard.step,
+            "restored_rows": shard.num_rows,
+            "restored_from": source,
+            "checkpoint_dir": str(own_dir),
+        },
+    )
+
+    def periodic() -> None:
+        while not stop.wait(args.checkpoint_every_s):
+            try:
+                server.checkpoint()
+            except OSError as e:  # keep serving; the next period tries again
+                log.error("periodic checkpoint failed: %s", e)
+
+    saver = None
+    if args.checkpoint_every_s > 0:
+        saver = threading.Thread(target=periodic, name="ps-checkpoint", daemon=True)
+        saver.start()
+    while not stop.wait(1.0):
+        pass
+    log.info("PS %d stopping: final checkpoint", args.index)
+    server.stop(grace_s=2.0)
+    if saver is not None:
+        saver.join()
+    info = server.checkpoint()
+    log.info("PS %d final checkpoint %s (step %d)", args.index, info.path, info.step)
+    current = read_addr(addr_file)
+    if current is not None and current.get("pid") == os.getpid():
+        addr_file.unlink(missing_ok=True)
+    lock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
