@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.memory import IdGrowthModel, PSMemoryModel, WorkerMemoryModel
@@ -49,6 +52,81 @@ def id_growth_from(observations: Sequence[Observation]) -> IdGrowthModel | None:
         return None
 
 
+@dataclass(frozen=True)
+class PSMemoryFit:
+    """PS memory as ``fixed_per_ps + imbalance · mib_per_row · U / p`` (MiB, busiest PS), with
+    U the distinct embedding rows. Fitted from observations when they show growth, else the
+    spec's formula calibrated so that it matches what the PS use now."""
+
+    fixed_per_ps_mib: float
+    mib_per_row: float
+    imbalance: float
+    ids_now: float
+    ids_end: float
+    growth: IdGrowthModel | None
+    source: str
+
+    def per_ps_mib(self, num_ps: int, ids: float | None = None) -> float:
+        u = self.ids_end if ids is None else ids
+        return self.fixed_per_ps_mib + self.imbalance * self.mib_per_row * u / max(num_ps, 1)
+
+    def oom_at_samples(self, num_ps: int, limit_mib: float) -> float | None:
+        """Samples done at which the busiest PS reaches ``limit_mib`` (None: unknown/never)."""
+        room = limit_mib - self.fixed_per_ps_mib
+        if self.growth is None or self.mib_per_row <= 0 or room <= 0:
+            return None
+        ids = room * num_ps / (self.imbalance * self.mib_per_row)
+        return float(self.growth.samples_for(ids))
+
+
+def _ps_nodes_over_time(observations: Sequence[Observation]) -> list[tuple[float, list[int]]]:
+    """(distinct IDs, per-PS memory used) of observations with the latest PS count."""
+    if not observations:
+        return []
+    p_now = len(observations[-1].of(Role.PS))
+    out = []
+    for o in observations:
+        used = [n.memory_used_mib for n in o.of(Role.PS)]
+        if o.distinct_ids is not None and len(used) == p_now and p_now > 0:
+            out.append((float(o.distinct_ids), used))
+    return out
+
+
+def fit_ps_memory(spec: JobSpec, observations: Sequence[Observation] = ()) -> PSMemoryFit:
+    model = ps_memory_model(spec)
+    growth = id_growth_from(observations)
+    total = observations[-1].samples_total if observations else 0
+    total = total or spec.samples_total
+    ids_end = (
+        float(growth.predict(float(total))) if growth is not None else expected_distinct_ids(spec)
+    )
+    mib_per_row = model.bytes_per_row / 2**20
+    pts = _ps_nodes_over_time(observations)
+    if not pts:
+        data_per_ps = model.dense_bytes / 2**20
+        return PSMemoryFit(
+            model.runtime_overhead_mib + data_per_ps, mib_per_row, 1.0, 0.0, ids_end, growth,
+            "spec formula",
+        )  # fmt: skip
+    p_now = len(pts[-1][1])
+    totals = np.array([sum(u) for _, u in pts], dtype=np.float64)
+    ids = np.array([i for i, _ in pts], dtype=np.float64)
+    source = "spec formula, calibrated to current use"
+    if len(np.unique(ids)) >= 3 and np.ptp(ids) > 0:
+        slope, _ = np.polyfit(ids, totals, 1)
+        if slope > 0:
+            mib_per_row = float(slope)
+            source = f"fitted on {len(pts)} observations"
+    ids_now, used_now = pts[-1]
+    mean_used = sum(used_now) / p_now
+    variable_mean = mib_per_row * ids_now / p_now
+    fixed = max(0.0, mean_used - variable_mean)
+    imbalance = 1.0
+    if variable_mean > 0:
+        imbalance = max(1.0, (max(used_now) - fixed) / variable_mean)
+    return PSMemoryFit(fixed, mib_per_row, imbalance, ids_now, ids_end, growth, source)
+
+
 def ps_memory_per_node_mib(
     spec: JobSpec,
     num_ps: int,
@@ -56,25 +134,12 @@ def ps_memory_per_node_mib(
     margin: float = 1.2,
 ) -> float:
     """Memory each PS needs at the end of training, with margin."""
-    model = ps_memory_model(spec)
-    growth = id_growth_from(observations)
-    if growth is not None:
-        ids_end = float(growth.predict(float(spec.samples_total)))
-    else:
-        ids_end = expected_distinct_ids(spec)
-    need = model.per_ps_mib(ids_end, max(num_ps, 1), imbalance=_imbalance(observations))
-    # Never below what the busiest PS already uses (covers what the formula misses).
-    used = max((n.memory_used_mib for o in observations[-3:] for n in o.of(Role.PS)), default=0)
-    return max(need, used) * margin
-
-
-def _imbalance(observations: Sequence[Observation]) -> float:
-    if not observations:
-        return 1.0
-    used = [n.memory_used_mib for n in observations[-1].of(Role.PS)]
-    if len(used) < 2 or sum(used) <= 0:
-        return 1.0
-    return max(1.0, max(used) / (sum(used) / len(used)))
+    fit = fit_ps_memory(spec, observations)
+    need = fit.per_ps_mib(num_ps)
+    if observations and len(observations[-1].of(Role.PS)) == num_ps:
+        # never below what the busiest PS already uses
+        need = max(need, max(n.memory_used_mib for n in observations[-1].of(Role.PS)))
+    return need * margin
 
 
 def worker_memory_mib(

@@ -21,7 +21,7 @@ from dlrover_core.planner.bounds import JobBounds, ceil_mib
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
 from dlrover_core.planner.post_scaling import post_scale
-from dlrover_core.planner.warm_start import initial_plan
+from dlrover_core.planner.warm_start import initial_plan, similar_runs
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import HistoryRecord, Observation, ResourcePlan, Role, Sample, Stage
 
@@ -65,7 +65,28 @@ class Planner:
     def initial_plan(
         self, history: Sequence[HistoryRecord] = (), now_s: float = 0.0
     ) -> ResourcePlan:
-        return initial_plan(self.spec, history, self.config, now_s)
+        """Stage 1; when similar runs left speed samples that identify the model, the warm
+        start is refined by the model at once (no sampling needed for a recurring job)."""
+        base = initial_plan(self.spec, history, self.config, now_s)
+        prior = self.history_samples(history, now_s)
+        if not prior:
+            return base
+        model, _ = self._fit(prior)
+        if model is None or not model.trustworthy(self.config.max_trust_rel_error):
+            return base
+        res = self._search(model, base, (), scaling.SearchLimits(), memory_from=base)
+        plan = self._scaled_plan(
+            base, res, model, now_s, prefix=f"model from {len(prior)} samples of earlier runs"
+        )
+        return plan.replace(stage=base.stage, reasons=(*base.reasons, *plan.reasons))
+
+    def history_samples(self, history: Sequence[HistoryRecord], now_s: float = 0.0) -> list[Sample]:
+        """Speed samples that similar past runs recorded (``extra["samples"]``)."""
+        runs = similar_runs(self.spec, history, now_s, self.config.history_window_s)
+        out: list[Sample] = []
+        for r in runs:
+            out.extend(s for s in r.extra.get("samples", ()) if isinstance(s, Sample))
+        return out
 
     def offline_plan(
         self,
@@ -81,7 +102,7 @@ class Planner:
         model, why = self._fit(samples)
         if model is None:
             return base.replace(reasons=(*base.reasons, f"samples not used: {why}"))
-        res = self._search(model, base, (), scaling.SearchLimits())
+        res = self._search(model, base, (), scaling.SearchLimits(), memory_from=base)
         return self._scaled_plan(
             base, res, model, now_s, prefix=f"from {len(samples)} profiled samples"
         )
@@ -94,14 +115,21 @@ class Planner:
         samples: Sequence[Sample],
         now_s: float,
         past_plans: Sequence[ResourcePlan] = (),
+        prior_samples: Sequence[Sample] = (),
     ) -> PlanDecision:
+        """``samples`` are this run's; ``prior_samples`` (e.g. from similar past runs) only
+        help fit the model."""
         cfg = self.config
         urgent = post_scale(self.spec, cfg, current, observations, now_s)
         if urgent is not None:
             return PlanDecision(urgent)
-        if now_s - current.created_at_s < cfg.replan_interval_s:
-            return PlanDecision(None, ("paced: re-plan interval not over",))
         here = scaling.samples_at(samples, scaling.plan_key(current))
+        # a sampling configuration only needs its speed samples, not the re-plan interval
+        if (
+            current.stage is not Stage.SAMPLING
+            and now_s - current.created_at_s < cfg.replan_interval_s
+        ):
+            return PlanDecision(None, ("paced: re-plan interval not over",))
         if len(here) < cfg.min_speed_samples:
             return PlanDecision(
                 None, (f"waiting for speed samples ({len(here)}/{cfg.min_speed_samples})",)
@@ -109,13 +137,15 @@ class Planner:
         reverted = self._deceleration_guard(current, samples, past_plans, now_s)
         if reverted is not None:
             return PlanDecision(reverted)
-        model, why = self._fit(samples)
+        model, why = self._fit([*prior_samples, *samples])
         if model is None or not model.trustworthy(cfg.max_trust_rel_error):
             nxt = self._next_sample(current, samples, observations, past_plans, now_s, why)
             if nxt is not None or model is None:
                 return PlanDecision(nxt, (why or "model not trustworthy yet",), model)
         limits = self._limits(current, samples, observations, past_plans, now_s)
-        res = self._search(model, current, observations, limits)
+        res = self._search(
+            model, current, observations, limits, memory_from=None if observations else current
+        )
         if res.gain < cfg.min_gain or (res.workers, res.ps) == (current.workers, current.ps):
             return PlanDecision(
                 None, (f"current plan is within {cfg.min_gain:.0%} of the best",), model
@@ -137,18 +167,24 @@ class Planner:
         current: ResourcePlan,
         observations: Sequence[Observation],
         limits: scaling.SearchLimits,
+        memory_from: ResourcePlan | None = None,
     ) -> scaling.SearchResult:
+        """``memory_from``: before the job runs, size memory from this (warm/cold) plan."""
         cfg, spec = self.config, self.spec
+
+        def ps_mem(p: int) -> int:
+            need = ps_memory_per_node_mib(spec, p, observations, cfg.ps_memory_margin)
+            if memory_from is not None and memory_from.ps.count > 0:
+                # same total over p PS, but never below 3/4 of a node of the base plan: each
+                # PS has a fixed part the base plan's total cannot tell apart
+                b = memory_from.ps
+                need = max(need, b.resources.memory_mib * max(b.count / p, 0.75))
+            return ceil_mib(need)
+
         w_mem = worker_memory_mib(spec, observations, cfg.worker_memory_margin)
-        return scaling.search(
-            model,
-            current,
-            self.bounds,
-            cfg,
-            w_mem,
-            lambda p: ceil_mib(ps_memory_per_node_mib(spec, p, observations, cfg.ps_memory_margin)),
-            limits,
-        )
+        if memory_from is not None and not observations:
+            w_mem = max(w_mem, memory_from.workers.resources.memory_mib)
+        return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
 
     def _scaled_plan(
         self,

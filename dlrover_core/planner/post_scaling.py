@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dlrover_core.faults import PendingAction, PendingPolicy, find_stragglers, pending_action
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
-from dlrover_core.planner.memory_sizing import id_growth_from, ps_memory_model
+from dlrover_core.planner.memory_sizing import fit_ps_memory
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     NodeOverride,
@@ -122,48 +122,48 @@ def _ps_memory(
     ps = current.ps
     if ps.count == 0 or not observations:
         return None
-    growth = id_growth_from(observations)
     last = observations[-1]
-    if growth is not None and last.samples_total > 0:
-        used = [n.memory_used_mib for n in last.of(Role.PS)]
-        imbalance = max(used) / (sum(used) / len(used)) if used and sum(used) > 0 else 1.0
-        pred = ps_memory_model(spec).predict_oom(
-            growth,
-            samples_seen=min(last.samples_done, last.samples_total),
-            samples_total=last.samples_total,
-            num_ps=ps.count,
-            ps_memory_limit_mib=ps.resources.memory_mib,
-            imbalance=max(1.0, imbalance),
-            margin=cfg.ps_memory_margin,
-        )
-        if pred.will_oom:
-            need = ceil_mib(pred.needed_memory_per_ps_mib)
+    fit = fit_ps_memory(spec, observations)
+    if fit.growth is not None and last.samples_total > 0 and last.samples_done < last.samples_total:
+        limit = min(current.node_resources(Role.PS, i).memory_mib for i in range(ps.count))
+        peak = fit.per_ps_mib(ps.count)
+        if peak > limit:
+            oom_at = fit.oom_at_samples(ps.count, limit)
+            why = (
+                f"predicted PS OOM: the busiest PS reaches {peak:,.0f} MiB by the end of "
+                f"training (limit {limit} MiB"
+                + (f", at ~{oom_at:,.0f} samples" if oom_at else "")
+                + f"; memory model {fit.source})"
+            )
+            need = ceil_mib(peak * cfg.ps_memory_margin)
             extra = (need - ps.resources.memory_mib) * ps.count
             head = _headroom(bounds, current).memory_mib
-            why = (
-                f"predicted PS OOM: the busiest PS reaches {pred.peak_per_ps_mib:,.0f} MiB by the "
-                f"end of training (limit {ps.resources.memory_mib} MiB"
-                + (f", at ~{pred.oom_at_samples:,} samples" if pred.oom_at_samples else "")
-                + ")"
-            )
             if (
                 need <= bounds.ps.max_memory_mib
                 and extra <= head
                 and bounds.ps.pinned_memory_mib is None
             ):
                 new_ps = RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, need))
-                return _with(current, now_s, [why, f"raise PS memory to {need} MiB now"], ps=new_ps)
-            if pred.needed_num_ps and not bounds.ps.count_fixed:
-                n = bounds.ps.count(pred.needed_num_ps)
-                if n > ps.count and (ps.resources * (n - ps.count)).fits_in(
-                    _headroom(bounds, current)
-                ):
-                    return _with(
-                        current,
-                        now_s,
-                        [why, f"grow PS from {ps.count} to {n} to spread the rows"],
-                        ps=RolePlan(n, ps.resources),
-                    )
+                keep = tuple(o for o in current.overrides if o.role is not Role.PS)
+                return _with(
+                    current,
+                    now_s,
+                    [why, f"raise PS memory to {need} MiB now"],
+                    ps=new_ps,
+                    overrides=keep,
+                )
+            if not bounds.ps.count_fixed:
+                mem = ps.resources.memory_mib
+                for n in range(ps.count + 1, bounds.ps.max_count + 1):
+                    if fit.per_ps_mib(n) * cfg.ps_memory_margin <= mem:
+                        if (ps.resources * (n - ps.count)).fits_in(_headroom(bounds, current)):
+                            return _with(
+                                current,
+                                now_s,
+                                [why, f"grow PS from {ps.count} to {n} to spread the rows"],
+                                ps=RolePlan(n, ps.resources),
+                            )
+                        break
     window = _recent(observations, current.created_at_s, cfg.hot_window)
     if not window:
         return None

@@ -313,12 +313,11 @@ class PSShard:
             return t.weights[rows[inv]], created
 
     def pull(self, table: str, ids: npt.ArrayLike, dim: int | None = None) -> F32:
-        """Rows of ``ids`` (shape [n, dim]); absent ids get their deterministic initial rows.
-
-        ``dim`` is needed the first time a table is seen on this PS."""
+        """Rows of ``ids``, shape ``ids.shape + (dim,)``; absent ids get their deterministic
+        initial rows. ``dim`` is needed the first time a table is seen on this PS."""
         out, created = self._pull_one(table, ids, dim)
         self._count(pulls=1, pulled=out.shape[0], changed=created > 0)
-        return out
+        return out.reshape(*np.shape(ids), out.shape[1])
 
     def pull_many(self, requests: Sequence[tuple[str, npt.ArrayLike, int | None]]) -> list[F32]:
         """Several tables in one call: ``[(table, ids, dim), ...]`` → one array each."""
@@ -634,10 +633,10 @@ class PSServer:
         out = self.shard.stats()
         try:
             import psutil
-
-            out["rss_bytes"] = int(psutil.Process().memory_info().rss)
-        except Exception:  # psutil is optional here: stats without rss are still useful
+        except ImportError:  # psutil is optional here: stats without rss are still useful
             out["rss_bytes"] = None
+        else:
+            out["rss_bytes"] = int(psutil.Process().memory_info().rss)
         out["pid"] = os.getpid()
         return out
 

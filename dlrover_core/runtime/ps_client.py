@@ -9,7 +9,7 @@ round-robin over their sorted names (:func:`~dlrover_core.runtime.partition.dens
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -90,6 +90,7 @@ class PSClient:
         self._clients: list[wire.Client] = []
         self._pool: ThreadPoolExecutor | None = None
         self._dense_names: list[str] | None = None
+        self._pusher: ThreadPoolExecutor | None = None
         self.switch(addresses)
 
     @property
@@ -111,6 +112,9 @@ class PSClient:
             old_pool.shutdown(wait=False)
 
     def close(self) -> None:
+        if self._pusher is not None:
+            self._pusher.shutdown(wait=True)
+            self._pusher = None
         for c in self._clients:
             c.close()
         if self._pool is not None:
@@ -278,6 +282,19 @@ class PSClient:
         }
         if calls:
             self._fan_out(calls)
+
+    def push_many_async(
+        self,
+        updates: Mapping[str, tuple[npt.ArrayLike, npt.ArrayLike]],
+        lr: float | None = None,
+    ) -> Future[None]:
+        """:meth:`push_many` in the background, in call order (one pusher thread), so a worker
+        can overlap the push with its next step; the future raises what push_many would.
+
+        The arrays must not be modified until the future is done."""
+        if self._pusher is None:
+            self._pusher = ThreadPoolExecutor(1, thread_name_prefix="ps-push")
+        return self._pusher.submit(self.push_many, updates, lr)
 
     def push(
         self, table: str, ids: npt.ArrayLike, grads: npt.ArrayLike, lr: float | None = None

@@ -20,8 +20,9 @@ Exactly-once accounting:
 - ``complete`` of a shard that is not yet done marks it done, whoever reports it (the rows were
   trained; refusing a late report would only train them again). Completing a done shard is a
   duplicate: it returns False, is recorded and counted in ``completed_twice``; the caller must
-  not count its samples. A retried report of the *same* take (same worker and ``attempt``) is
-  not a duplicate: it returns False and counts nothing.
+  not count its samples. A retried report of the *same* take (same worker and ``attempt``, as
+  when the reply to the first report was lost) is the same completion: it returns True again
+  and records nothing, so the caller, which saw no earlier reply, counts it once.
 
 After a master restart, ``doing`` shards stay with their worker: it may still be alive and will
 report. The master keeps them when the worker re-registers or heartbeats, and calls
@@ -309,7 +310,8 @@ class ShardQueue:
 
         False for a shard already done: recorded as a duplicate (``completed_twice``), unless
         it repeats the very completion that made it done (same worker and ``attempt``, as a
-        retried RPC does), which counts nothing. Raises InputError for an unknown shard."""
+        retried RPC does): that returns True again and records nothing. Raises InputError for
+        an unknown shard."""
         now = self._clock()
         with self._tx() as c:
             row = c.execute(
@@ -324,7 +326,7 @@ class ShardQueue:
             state, holder, attempts, done_by, done_attempt = row
             if state == ShardState.DONE:
                 if attempt is not None and done_by == worker_id and done_attempt == attempt:
-                    return False
+                    return True
                 c.execute(
                     "INSERT INTO duplicates(shard_id, worker_id, attempt, at) VALUES (?,?,?,?)",
                     (shard_id, worker_id, attempt, now),

@@ -136,9 +136,7 @@ class DlroverOssPolicy:
             base,
             workers=roles[Role.WORKER],
             ps=roles[Role.PS],
-            overrides=tuple(
-                o for o in overrides if o.node_id < roles[o.role].count
-            ),
+            overrides=tuple(o for o in overrides if o.node_id < roles[o.role].count),
             stage=Stage.SCALING,
             reasons=(why,),
             created_at_s=now_s,
@@ -185,7 +183,9 @@ class DlroverOssPolicy:
                 )
                 nodes.append(node)
             st.opt._stats_collector.report_runtime_stats(
-                RuntimeMetric(nodes, obs.samples_done // max(batch, 1), obs.throughput_sps, obs.time_s)
+                RuntimeMetric(
+                    nodes, obs.samples_done // max(batch, 1), obs.throughput_sps, obs.time_s
+                )
             )
             st.reported_until = obs.time_s
             st.stats_since_change += 1
@@ -219,7 +219,9 @@ class DlroverOssPolicy:
                 if plan is not None and not plan.empty():
                     st.last_ps_change = now_s
             if plan is None or plan.empty():
-                stage = JobOptStage.WORKER_RUNNING if st.worker_sampled else JobOptStage.WORKER_INITIAL
+                stage = (
+                    JobOptStage.WORKER_RUNNING if st.worker_sampled else JobOptStage.WORKER_INITIAL
+                )
                 st.worker_sampled = True
                 plan = _safe_plan(st, stage)
                 why = "dlrover-oss: worker running"
@@ -249,7 +251,9 @@ class DlroverOssPolicy:
             name=f"{role.value}-{node_id}",
         )
         rec = st.opt.generate_oom_recovery_plan([node], JobOptStage.PS_INITIAL)
-        want = rec.node_resources[node.name].memory if rec.node_resources else 2 * current.memory_mib
+        want = (
+            rec.node_resources[node.name].memory if rec.node_resources else 2 * current.memory_mib
+        )
         inc = min(want - current.memory_mib, _MAX_INCREMENT_MB)
         mem = int(min(current.memory_mib + inc, _MAX_MEMORY_MB))
         return RelaunchDecision(

@@ -43,7 +43,7 @@ class EngineConfig:
     worker_pause_s: float = 30.0  # job-wide pause when workers are added/resized
     ps_pause_s: float = 120.0  # job-wide pause for a PS change / migration
     relaunch_delay_s: float = 60.0  # a relaunched node is allocated but not up yet
-    sample_window_s: float = 240.0  # config stable this long -> a Sample
+    sample_window_s: float = 60.0  # config stable this long -> a Sample (a speed window)
     max_relaunches: int = 3  # per node
     node_failure_per_hour: float = 1.0 / 150.0  # Poisson, per allocated node
     hardware_fraction: float = 0.3  # of failures; the rest are KILLED (preemption)
@@ -304,7 +304,9 @@ class Engine:
 
     def _apply(self, run: _Run, plan: ResourcePlan, t: float) -> bool:
         """Apply a new plan if the cluster has room for the difference; else keep it pending."""
-        old_over = {(o.role, o.node_id, o.resources) for o in (run.plan.overrides if run.plan else ())}
+        old_over = {
+            (o.role, o.node_id, o.resources) for o in (run.plan.overrides if run.plan else ())
+        }
         new_w: list[_Node] = []
         new_p: list[_Node] = []
         for role, old_nodes, out in ((Role.WORKER, run.workers, new_w), (Role.PS, run.ps, new_p)):
@@ -312,10 +314,17 @@ class Engine:
                 res = plan.node_resources(role, i)
                 old = old_nodes[i] if i < len(old_nodes) else None
                 fresh_override = any(
-                    o.role is role and o.node_id == i and (o.role, o.node_id, o.resources) not in old_over
+                    o.role is role
+                    and o.node_id == i
+                    and (o.role, o.node_id, o.resources) not in old_over
                     for o in plan.overrides
                 )
-                if old is not None and old.res == res and not fresh_override and old.pending is None:
+                if (
+                    old is not None
+                    and old.res == res
+                    and not fresh_override
+                    and old.pending is None
+                ):
                     out.append(old)
                 elif role is Role.WORKER:
                     out.append(self._new_worker(run, i, res, t))
@@ -360,9 +369,14 @@ class Engine:
                 up_i += 1
                 nodes.append(
                     NodeObservation(
-                        Role.WORKER, n.node_id, NodeState.RUNNING, n.res,
-                        int(used * 1000), int(truth.worker_memory_mib),
-                        run.config_since, run.x * noise * n.speed / w_total_speed,
+                        Role.WORKER,
+                        n.node_id,
+                        NodeState.RUNNING,
+                        n.res,
+                        int(used * 1000),
+                        int(truth.worker_memory_mib),
+                        run.config_since,
+                        run.x * noise * n.speed / w_total_speed,
                     )
                 )
             else:
@@ -371,8 +385,13 @@ class Engine:
             if n.down_until <= t and run.p_used.size:
                 nodes.append(
                     NodeObservation(
-                        Role.PS, n.node_id, NodeState.RUNNING, n.res,
-                        int(float(run.p_used[i]) * 1000), int(pmem[i]), run.config_since,
+                        Role.PS,
+                        n.node_id,
+                        NodeState.RUNNING,
+                        n.res,
+                        int(float(run.p_used[i]) * 1000),
+                        int(pmem[i]),
+                        run.config_since,
                     )
                 )
             else:
@@ -382,7 +401,10 @@ class Engine:
                 for i in range(have, run.pending_plan.role(role).count):
                     nodes.append(
                         NodeObservation(
-                            role, i, NodeState.PENDING, run.pending_plan.node_resources(role, i),
+                            role,
+                            i,
+                            NodeState.PENDING,
+                            run.pending_plan.node_resources(role, i),
                             state_since_s=run.pending_since,
                         )
                     )
@@ -417,7 +439,9 @@ class Engine:
                     batch_size=run.job.batch_size,
                     worker_memory_mib=run.job.truth.worker_memory_mib,
                     ps_memory_mib=float(pm.max()) if pm.size else None,
-                    ps_cpu_util=max(n.cpu_util for n in obs.of(Role.PS)) if run.p_used.size else None,
+                    ps_cpu_util=max(n.cpu_util for n in obs.of(Role.PS))
+                    if run.p_used.size
+                    else None,
                     worker_cpu_util=float(np.mean([n.cpu_util for n in obs.of(Role.WORKER)])),
                     timestamp_s=t,
                 )
@@ -455,7 +479,13 @@ class Engine:
                     ps_memory_used_mib=int(run.peak_p_mem),
                     throughput_sps=run.done / wall if wall > 0 else 0.0,
                     wall_s=wall,
-                    extra={"job": run.job.name, "oom_count": run.oom_count, "reason": reason},
+                    # a real history store keeps the run's speed samples too (issue 4)
+                    extra={
+                        "job": run.job.name,
+                        "oom_count": run.oom_count,
+                        "reason": reason,
+                        "samples": tuple(run.samples),
+                    },
                 )
             )
 
@@ -559,9 +589,10 @@ class Engine:
     def _try_admit(self, t: float) -> None:
         for idx in sorted(self.running):
             run = self.runs[idx]
-            if run.status == "running" and (run.pending_plan is not None or any(
-                n.pending is not None for n in run.workers + run.ps
-            )):
+            if run.status == "running" and (
+                run.pending_plan is not None
+                or any(n.pending is not None for n in run.workers + run.ps)
+            ):
                 self._advance(run, t)
                 changed = self._retry_pending_nodes(run, t)
                 if run.pending_plan is not None:

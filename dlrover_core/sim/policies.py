@@ -127,7 +127,9 @@ def register_policy(name: str, factory: Callable[[], Policy]) -> None:
 
 # ---- helpers ------------------------------------------------------------------------------
 def _res(cpu_cores: float, memory_mib: float) -> NodeResources:
-    return NodeResources(max(100, int(round(cpu_cores * 1000))), max(256, int(math.ceil(memory_mib))))
+    return NodeResources(
+        max(100, int(round(cpu_cores * 1000))), max(256, int(math.ceil(memory_mib)))
+    )
 
 
 def _fit_quota(plan: ResourcePlan, quota: NodeResources) -> ResourcePlan:
@@ -142,7 +144,9 @@ def _fit_quota(plan: ResourcePlan, quota: NodeResources) -> ResourcePlan:
             plan,
             workers=RolePlan(w, plan.workers.resources),
             ps=RolePlan(p, plan.ps.resources),
-            overrides=tuple(o for o in plan.overrides if o.node_id < (w if o.role is Role.WORKER else p)),
+            overrides=tuple(
+                o for o in plan.overrides if o.node_id < (w if o.role is Role.WORKER else p)
+            ),
         )
     return plan
 
@@ -202,7 +206,9 @@ class _DecayingHistogram:
 
     def add_many(self, values: np.ndarray, t: float, weight: float = 1.0) -> None:
         v = np.maximum(np.asarray(values, dtype=np.float64), self.first)
-        idx = np.minimum((np.log(v / self.first) / np.log(self.ratio)).astype(int), self.n_buckets - 1)
+        idx = np.minimum(
+            (np.log(v / self.first) / np.log(self.ratio)).astype(int), self.n_buckets - 1
+        )
         np.add.at(self.w, idx, weight * 2.0 ** (t / self.half_life_s))
         self.count += int(v.size)
 
@@ -326,7 +332,10 @@ class VpaPolicy:
         bumped = max(current.memory_mib * 1.2, current.memory_mib + 100)
         self._hist(self._mem, (job.name, role)).add(bumped, plan.created_at_s, weight=10.0)
         return RelaunchDecision(
-            True, NodeResources(current.cpu_millicores, int(math.ceil(bumped))), None, "vpa oom bump"
+            True,
+            NodeResources(current.cpu_millicores, int(math.ceil(bumped))),
+            None,
+            "vpa oom bump",
         )
 
 

@@ -35,11 +35,14 @@ class _Job:
     planner: Planner
     plans: list[ResourcePlan] = field(default_factory=list)
     ps_memory_seen: dict[int, int] = field(default_factory=dict)
+    prior: list[Sample] = field(default_factory=list)  # from earlier runs (history)
+    samples: list[Sample] = field(default_factory=list)  # this run's, all of them
+    last_sample_s: float = float("-inf")
 
 
 class DLRoverRMPolicy:
     name = "dlrover-rm"
-    interval_s: float | None = 120.0
+    interval_s: float | None = 60.0
 
     def __init__(
         self, config: PlannerConfig | None = None, faults: FaultPolicy = DEFAULT_FAULT_POLICY
@@ -65,6 +68,7 @@ class DLRoverRMPolicy:
             dataclasses.replace(r, signature=key) for r in history if r.signature == job.signature
         ]
         plan = st.planner.initial_plan(recs, now_s)
+        st.prior = st.planner.history_samples(recs, now_s)
         st.plans.append(plan)
         return plan
 
@@ -80,7 +84,12 @@ class DLRoverRMPolicy:
         if observations:
             for n in observations[-1].of(Role.PS):
                 st.ps_memory_seen[n.node_id] = n.memory_used_mib
-        d = st.planner.replan(current, observations, samples, now_s, st.plans)
+        for s in samples:  # the engine keeps a bounded window; the master keeps them all
+            ts = s.timestamp_s if s.timestamp_s is not None else now_s
+            if ts > st.last_sample_s:
+                st.samples.append(s)
+                st.last_sample_s = ts
+        d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
         if d.plan is not None:
             st.plans.append(d.plan)
         return d.plan

@@ -30,7 +30,12 @@ METRICS = (
     "oom_count",
     "oracle_throughput_ratio",
 )
-PAPER_CLAIMS = {"jct_change": -0.31, "completion_points": 0.06, "cpu_points": 0.15, "mem_points": 0.20}
+PAPER_CLAIMS = {
+    "jct_change": -0.31,
+    "completion_points": 0.06,
+    "cpu_points": 0.15,
+    "mem_points": 0.20,
+}
 
 
 def _load_optional_policies() -> None:

@@ -338,9 +338,7 @@ class SyntheticCriteo:
         u_rank, u_new = _uniforms(_hash(base[:, None] + slots, self._key_rows))
         rank = self._rank(1.0 - u_rank)  # u_rank in (0, 1] -> [0, 1)
         feat = np.arange(ns, dtype=np.int64)
-        new = (
-            self.head_size + np.arange(start, end, dtype=np.int64)[:, None] * ns + feat[None, :]
-        )
+        new = self.head_size + np.arange(start, end, dtype=np.int64)[:, None] * ns + feat[None, :]
         sparse = np.where(u_new < self.new_id_rate, new, rank - 1)
         static = self._mods > 0
         if static.any():

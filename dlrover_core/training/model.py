@@ -29,6 +29,22 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from dlrover_core.errors import InputError
 from dlrover_core.spec import ModelSpec
 from dlrover_core.training.data import Batch
+from dlrover_core.training.metrics import auc, logloss
+
+__all__ = [
+    "DYNAMIC_ROWS",
+    "DenseTower",
+    "LocalDLRM",
+    "LookupFn",
+    "auc",
+    "evaluate",
+    "feature_keys",
+    "logloss",
+    "predict",
+    "stack_pooled",
+    "tensors",
+    "to_kjt",
+]
 
 DYNAMIC_ROWS = 100_003
 """Rows a dynamic table gets in :class:`LocalDLRM` (a prime, so ids spread evenly)."""
@@ -118,6 +134,8 @@ class LocalDLRM(nn.Module):
     touched, as a PS does; dense gradients would rewrite every row of every table each step.
     """
 
+    _rows: torch.Tensor  # per-table row counts (a non-persistent buffer)
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -158,12 +176,13 @@ class LocalDLRM(nn.Module):
         self.register_buffer("_rows", torch.tensor(self.rows, dtype=torch.int64), persistent=False)
 
     def _hashed(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        order = [self.keys.index(k) for k in kjt.keys()]
+        keys = kjt.keys()
+        order = [self.keys.index(k) for k in keys]
         per_value = torch.repeat_interleave(
             self._rows[order], torch.tensor(kjt.length_per_key(), dtype=torch.int64)
         )
         return KeyedJaggedTensor(
-            keys=kjt.keys(),
+            keys=keys,
             values=torch.remainder(kjt.values(), per_value),
             lengths=kjt.lengths(),
         )
@@ -183,44 +202,13 @@ class LocalDLRM(nn.Module):
 # --- evaluation -----------------------------------------------------------------------------
 
 
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve by ranks (ties get their average rank).
-
-    NaN when ``labels`` hold only one class (AUC is undefined there)."""
-    y = np.asarray(labels).reshape(-1) > 0.5
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if y.shape != s.shape:
-        raise InputError(f"labels ({y.shape[0]}) and scores ({s.shape[0]}) differ in length")
-    pos = int(y.sum())
-    neg = y.shape[0] - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
-    # average 1-based rank of each distinct score: tied values share the mean of their ranks
-    ends = np.cumsum(counts)
-    avg_rank = ends - (counts - 1) / 2.0
-    rank_sum = float(avg_rank[inverse][y].sum())
-    return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
-
-
-def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
-    """Mean binary cross-entropy of logits (numerically stable)."""
-    y = np.asarray(labels, dtype=np.float64).reshape(-1)
-    z = np.asarray(logits, dtype=np.float64).reshape(-1)
-    if y.shape[0] == 0:
-        return float("nan")
-    return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
-
-
 def tensors(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dense, labels)`` of a batch as torch tensors (sharing memory)."""
     return torch.from_numpy(batch.dense), torch.from_numpy(batch.labels)
 
 
 @torch.no_grad()
-def predict(
-    tower: DenseTower, lookup_fn: LookupFn, batch: Batch, chunk: int = 8192
-) -> np.ndarray:
+def predict(tower: DenseTower, lookup_fn: LookupFn, batch: Batch, chunk: int = 8192) -> np.ndarray:
     """Logits of every record of ``batch``, in chunks, in eval mode."""
     was_training = tower.training
     tower.eval()

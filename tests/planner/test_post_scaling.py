@@ -165,33 +165,57 @@ def growth_obs(samples_total: int) -> list[Observation]:
 
 
 def test_predicted_oom_raises_ps_memory_before_it_happens() -> None:
-    """At the end (10^10 samples) U = 100·10^5 = 10^7 rows of 16·4·(1+1 Adagrad slot) + 48 =
-    176 B, plus 3281 dense params × 8 B: (1,760,000,000 + 26,248) B = 1678.5 MiB, + 512 MiB
-    runtime = 2190.5 MiB on the one PS, × 1.2 margin = 2628.6 -> 2688 MiB (multiple of 64).
-    The 2 GiB limit holds (2048 − 512) MiB of data: 9.15·10^6 rows, reached after
-    (9.15·10^6 / 100)^2 ≈ 8.4·10^9 samples — far ahead of the 9·10^6 done."""
+    """The PS uses a flat 1024 MiB, so no slope can be fitted: the spec's 176 B per row
+    (16·4·(1+1 Adagrad slot) + 48) holds, calibrated to current use. Now U = 100·sqrt(9·10^6)
+    = 3·10^5 rows = 50.35 MiB, so the fixed part is 1024 − 50.35 = 973.65 MiB. At the end
+    (10^10 samples) U = 10^7 rows = 1678.47 MiB: peak 2652.1 MiB > the 2 GiB limit.
+    × 1.2 margin = 3182.5 -> 3200 MiB (multiple of 64). The limit leaves 1074.35 MiB for rows:
+    6.40·10^6 rows, reached after (6.40·10^6 / 100)^2 ≈ 4.097·10^9 samples."""
     plan = run(ONE_PS, growth_obs(samples_total=10**10))
     assert plan is not None
     assert plan.ps.count == 1
-    assert plan.ps.resources == NodeResources(2000, 2688)
+    assert plan.ps.resources == NodeResources(2000, 3200)
     assert plan.workers == ONE_PS.workers
     assert "predicted PS OOM" in plan.reasons[0]
-    assert "~8,37" in plan.reasons[0]  # ≈ 8.37·10^9 samples
+    assert "~4,097,0" in plan.reasons[0]  # ≈ 4.097·10^9 samples
 
 
 def test_no_oom_predicted_no_action() -> None:
-    # 10^8 samples: U = 10^6 rows = 168 MiB + 512 MiB: fits 2 GiB
+    # 10^8 samples: U = 10^6 rows = 167.8 MiB + 973.6 MiB fixed: fits 2 GiB
     assert run(ONE_PS, growth_obs(samples_total=10**8)) is None
 
 
 def test_predicted_oom_grows_the_ps_set_when_a_node_cannot_grow() -> None:
-    # PS nodes capped at 2 GiB: 1678.5 MiB of data at ≤ 2048/1.2 − 512 = 1194.7 MiB per PS
-    # needs ceil(1.405) = 2 PS
+    # PS nodes capped at 2 GiB: (973.65 + 1678.47 / n) × 1.2 <= 2048 first holds at n = 3
+    # (n = 2: 2175.5 MiB; n = 3: 1839.8 MiB)
     plan = run(ONE_PS, growth_obs(samples_total=10**10), constraints__ps__max_memory="2Gi")
     assert plan is not None
-    assert plan.ps.count == 2
+    assert plan.ps.count == 3
     assert plan.ps.resources == ONE_PS.ps.resources
-    assert "grow PS from 1 to 2" in plan.reasons[1]
+    assert "grow PS from 1 to 3" in plan.reasons[1]
+
+
+def test_ps_memory_slope_is_fitted_from_growth() -> None:
+    """PS memory that grows 1 KiB per distinct row is fitted as such (not the spec's 176 B)."""
+    obs = [
+        make_obs(
+            T0 + 10 * (i + 1),
+            ps_util=[0.5],
+            ps_mem_util=[(1000 + u / 1024) / 4096],
+            ps_cpu=2000,
+            ps_mem=4096,
+            samples_done=n,
+            samples_total=10**10,
+            distinct_ids=u,
+        )
+        for i, (n, u) in enumerate(GROWTH)
+    ]
+    from dlrover_core.planner.memory_sizing import fit_ps_memory
+
+    fit = fit_ps_memory(make_spec(quota=BIG), obs)
+    assert fit.mib_per_row == pytest.approx(1 / 1024, rel=0.02)
+    assert fit.fixed_per_ps_mib == pytest.approx(1000, abs=3)
+    assert "fitted" in fit.source
 
 
 # --- idle PS: shrink when at least an hour remains --------------------------------------------

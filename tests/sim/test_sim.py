@@ -110,8 +110,15 @@ def test_result_shape() -> None:
     assert res["jobs"] == 20 and res["seed"] == 1
     for m in res["policies"].values():
         for key in (
-            "jct_median_s", "jct_mean_s", "jct_p90_s", "completion_rate", "cpu_util",
-            "mem_util", "scaling_ops", "oom_count", "oracle_throughput_ratio",
+            "jct_median_s",
+            "jct_mean_s",
+            "jct_p90_s",
+            "completion_rate",
+            "cpu_util",
+            "mem_util",
+            "scaling_ops",
+            "oom_count",
+            "oracle_throughput_ratio",
         ):
             assert key in m
 
