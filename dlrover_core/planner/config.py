@@ -32,6 +32,9 @@ class PlannerConfig:
     min_marginal_speed_ratio: float = 0.2  # DLRover: (ΔX/Δw)/(X/w)
     deceleration: float = 0.2  # DLRover: speed down ≥ 20 % after a change -> revert
     worker_memory_margin: float = 1.5  # DLRover: worker memory = max used × 1.5
+    worker_cpu_margin: float = 1.3  # CPU per worker <= peak used × margin when under-used
+    urgent_ps_gain: float = 0.25  # a PS change inside the PS pacing interval must beat
+    # the best worker-only change by this much (ours: DLRover's fixed 1 h wait costs long jobs)
     ps_memory_margin: float = 1.2
     cpu_levels_millicores: tuple[int, ...] = (
         500,

@@ -7,6 +7,8 @@ stage 3  replan():        post-scaling on instability (runs first: it is urgent)
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +19,7 @@ from dlrover_core.model.throughput import (
     fit_throughput_model,
 )
 from dlrover_core.planner import scaling
-from dlrover_core.planner.bounds import JobBounds, ceil_mib
+from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
 from dlrover_core.planner.post_scaling import post_scale
@@ -143,9 +145,14 @@ class Planner:
             if nxt is not None or model is None:
                 return PlanDecision(nxt, (why or "model not trustworthy yet",), model)
         limits = self._limits(current, samples, observations, past_plans, now_s)
-        res = self._search(
-            model, current, observations, limits, memory_from=None if observations else current
-        )
+        mem_from = None if observations else current
+        res = self._search(model, current, observations, limits, memory_from=mem_from)
+        if not limits.change_ps and self.bounds.ps.max_count > 0:
+            # PS changes are paced, unless one is worth much more than what workers alone buy
+            free = dataclasses.replace(limits, change_ps=True)
+            alt = self._search(model, current, observations, free, memory_from=mem_from)
+            if alt.objective - res.objective >= math.log1p(cfg.urgent_ps_gain):
+                res = alt
         if res.gain < cfg.min_gain or (res.workers, res.ps) == (current.workers, current.ps):
             return PlanDecision(
                 None, (f"current plan is within {cfg.min_gain:.0%} of the best",), model
@@ -251,6 +258,16 @@ class Planner:
             if busiest >= cfg.ps_saturation_util:
                 p = current.ps
                 floor = float(p.count * p.resources.cpu_millicores)
+        cap = None
+        if last is not None:
+            ws = last.of(Role.WORKER)
+            busiest_ps = max((n.cpu_util for n in last.of(Role.PS)), default=0.0)
+            if ws and busiest_ps < cfg.hot_ps_cpu_util:
+                # workers not held back by the PS yet use well under their CPU: they cannot
+                # use more (DLRover: worker CPU = observed use + margin)
+                peak = max(n.cpu_used_millicores for n in ws)
+                if peak < 0.7 * current.workers.resources.cpu_millicores:
+                    cap = round_up_level(peak * cfg.worker_cpu_margin, cfg.cpu_levels_millicores)
         ratio = _marginal_speed_ratio(current, samples, plans)
         if ratio is not None and ratio < cfg.min_marginal_speed_ratio:
             no_more = True
@@ -260,6 +277,7 @@ class Planner:
             max_worker_step=cfg.max_worker_step,
             no_more_workers=no_more,
             ps_capacity_floor=floor,
+            max_worker_cpu_millicores=cap,
         )
 
     def _deceleration_guard(
@@ -297,11 +315,18 @@ class Planner:
         seen = {scaling.sample_key(s) for s in samples}
         if len(seen) >= self.config.max_sampling_configs:
             return None
-        base = past_plans[0] if past_plans else current
-        for w, p, what in scaling.sampling_candidates(base, self.bounds, self.config, observations):
+        used = {
+            r.split(": ", 1)[1].split(" (", 1)[0]
+            for pl in past_plans
+            if pl.stage is Stage.SAMPLING
+            for r in pl.reasons[:1]
+            if ": " in r
+        }
+        cands = scaling.sampling_candidates(current, self.bounds, self.config, observations)
+        for w, p, what in cands:
             w2, p2, notes = self.bounds.fit(w, p)
             key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
-            if key in seen or (notes and "shrunk" in " ".join(notes)):
+            if what in used or key in seen or (notes and "shrunk" in " ".join(notes)):
                 continue
             reasons = (
                 f"sampling configuration {len(seen) + 1}: {what} "

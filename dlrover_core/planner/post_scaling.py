@@ -258,6 +258,15 @@ def _stragglers(
         speeds = {n.node_id: n.throughput_sps for n in o.of(Role.WORKER)}
         s = set(find_stragglers(speeds, ratio=cfg.straggler_ratio))
         slow = s if slow is None else slow & s
+    # a node replaced once already is not replaced again (it was not the node's fault)
+    slow = {
+        i
+        for i in slow or ()
+        if not any(
+            o.role is Role.WORKER and o.node_id == i and o.action == "relaunch"
+            for o in current.overrides
+        )
+    }
     if not slow:
         return None
     moves = [

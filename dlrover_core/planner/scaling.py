@@ -107,6 +107,7 @@ class SearchLimits:
     max_worker_step: int | None = None
     no_more_workers: bool = False  # marginal-speed or PS-saturation guard fired
     ps_capacity_floor: float | None = None  # p·λp must exceed this to add workers
+    max_worker_cpu_millicores: int | None = None  # workers cannot use more than this
 
 
 def search(
@@ -126,6 +127,11 @@ def search(
     pv = _count_values(bounds.ps, cp.count, limits.change_ps and uses_ps, None) if uses_ps else [0]
     levels = cfg.cpu_levels_millicores
     wcv = _cpu_values(bounds.workers, cw.resources.cpu_millicores, limits.change_workers, levels)
+    if (
+        limits.max_worker_cpu_millicores is not None
+        and bounds.workers.pinned_cpu_millicores is None
+    ):
+        wcv = [c for c in wcv if c <= limits.max_worker_cpu_millicores] or [min(wcv)]
     pcv = (
         _cpu_values(bounds.ps, cp.resources.cpu_millicores, limits.change_ps, levels)
         if uses_ps
@@ -198,39 +204,40 @@ def sampling_candidates(
     cfg: PlannerConfig,
     observations: Sequence[Observation],
 ) -> list[tuple[RolePlan, RolePlan, str]]:
-    """Moves that vary one input at a time (so each coefficient gets its own evidence), in an
-    order that also heads towards a better configuration: more workers first, then a PS, then
-    CPU per node towards what the nodes actually use."""
+    """Moves from the current configuration that vary one input at a time (so each
+    coefficient gets its own evidence), in an order that also heads towards a better
+    configuration: CPU per worker towards what workers use, more workers, CPU per PS towards
+    what the PS use, one more PS, then wider moves. Each kind is proposed once per job."""
     w, p = current.workers, current.ps
     last = observations[-1] if observations else None
-    w_util = _mean([n.cpu_util for n in last.of(Role.WORKER)]) if last else None
-    p_util = max((n.cpu_util for n in last.of(Role.PS)), default=None) if last else None
     levels = cfg.cpu_levels_millicores
+    w_used = max((n.cpu_used_millicores for n in last.of(Role.WORKER)), default=0) if last else 0
+    p_used = max((n.cpu_used_millicores for n in last.of(Role.PS)), default=0) if last else 0
+    uses_ps = bounds.ps.max_count > 0
     out: list[tuple[RolePlan, RolePlan, str]] = []
 
-    def wcpu(k: float) -> NodeResources:
-        return NodeResources(
-            _nearest_level(w.resources.cpu_millicores * k, levels), w.resources.memory_mib
-        )
+    def wcpu(m: float) -> NodeResources:
+        return NodeResources(_nearest_level(m, levels), w.resources.memory_mib)
 
-    def pcpu(k: float) -> NodeResources:
-        return NodeResources(
-            _nearest_level(p.resources.cpu_millicores * k, levels), p.resources.memory_mib
-        )
+    def pcpu(m: float) -> NodeResources:
+        return NodeResources(_nearest_level(m, levels), p.resources.memory_mib)
 
+    wc, pc = w.resources.cpu_millicores, p.resources.cpu_millicores
+    # a worker using well under its CPU is limited elsewhere: try it at what it uses
+    w_target = w_used * 1.3 if 0 < w_used < 0.6 * wc else wc * 2.0
+    out.append((RolePlan(w.count, wcpu(w_target)), p, "CPU per worker towards its use"))
     out.append((RolePlan(max(w.count * 2, w.count + 1), w.resources), p, "double the workers"))
-    if bounds.ps.max_count > 0:
+    if uses_ps:
+        p_target = p_used / 0.7 if 0 < p_used < 0.5 * pc else pc * 2.0
+        out.append((w, RolePlan(p.count, pcpu(p_target)), "CPU per PS towards its use"))
         out.append((w, RolePlan(p.count + 1, p.resources), "one more PS"))
-    k_w = 0.5 if (w_util is not None and w_util < 0.5) else 2.0
-    out.append((RolePlan(w.count, wcpu(k_w)), p, f"CPU per worker × {k_w}"))
-    if bounds.ps.max_count > 0:
-        k_p = 0.5 if (p_util is not None and p_util < 0.5) else 2.0
-        out.append((w, RolePlan(p.count, pcpu(k_p)), f"CPU per PS × {k_p}"))
     out.append((RolePlan(max(w.count + 1, int(w.count * 1.5)), w.resources), p, "workers × 1.5"))
-    out.append((RolePlan(max(1, w.count // 2), wcpu(2.0)), p, "half the workers, twice the CPU"))
-    if bounds.ps.max_count > 0:
-        out.append((w, RolePlan(max(1, p.count + 2), pcpu(0.5)), "two more PS at half CPU"))
-    out.append((RolePlan(w.count + 2, wcpu(0.5)), p, "two more workers at half CPU"))
+    out.append(
+        (RolePlan(max(1, w.count // 2), wcpu(wc * 2.0)), p, "half the workers, twice the CPU")
+    )
+    if uses_ps:
+        out.append((w, RolePlan(p.count + 2, pcpu(pc * 0.5)), "two more PS at half CPU"))
+    out.append((RolePlan(w.count + 2, wcpu(wc * 0.5)), p, "two more workers at half CPU"))
     return out
 
 

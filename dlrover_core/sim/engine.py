@@ -57,7 +57,16 @@ class EngineConfig:
 
 
 class _Node:
-    __slots__ = ("role", "node_id", "res", "speed", "down_until", "restarts", "pending")
+    __slots__ = (
+        "role",
+        "node_id",
+        "res",
+        "speed",
+        "down_until",
+        "down_since",
+        "restarts",
+        "pending",
+    )
 
     def __init__(self, role: Role, node_id: int, res: NodeResources, speed: float, up: float):
         self.role = role
@@ -65,6 +74,7 @@ class _Node:
         self.res = res
         self.speed = speed
         self.down_until = up
+        self.down_since = up  # when it last went down (pending/relaunching since)
         self.restarts = 0
         self.pending: NodeResources | None = None  # waiting for capacity to relaunch
 
@@ -380,7 +390,11 @@ class Engine:
                     )
                 )
             else:
-                nodes.append(NodeObservation(Role.WORKER, n.node_id, NodeState.PENDING, n.res))
+                nodes.append(
+                    NodeObservation(
+                        Role.WORKER, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                    )
+                )
         for i, n in enumerate(run.ps):
             if n.down_until <= t and run.p_used.size:
                 nodes.append(
@@ -395,7 +409,11 @@ class Engine:
                     )
                 )
             else:
-                nodes.append(NodeObservation(Role.PS, n.node_id, NodeState.PENDING, n.res))
+                nodes.append(
+                    NodeObservation(
+                        Role.PS, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                    )
+                )
         if run.pending_plan is not None:
             for role, have in ((Role.WORKER, len(run.workers)), (Role.PS, len(run.ps))):
                 for i in range(have, run.pending_plan.role(role).count):
@@ -511,6 +529,7 @@ class Engine:
                     group[node.node_id].restarts = restarts
                     if group[node.node_id] is node:
                         node.down_until = t + self.cfg.relaunch_delay_s
+                        node.down_since = t
                     run.config_since = t
                 self._refresh(run, t)
                 return
@@ -529,12 +548,14 @@ class Engine:
                     self._alloc(-node.res.cpu_millicores, -node.res.memory_mib)
                     node.pending = new_res
                     node.down_until = INF
+                    node.down_since = t
                     self._refresh(run, t)
                     return
             if node.role is Role.WORKER:
                 fresh = self._new_worker(run, node.node_id, node.res, t)
                 node.speed = fresh.speed
             node.down_until = t + self.cfg.relaunch_delay_s
+            node.down_since = t
             self._refresh(run, t)
             return
         if node.role is Role.PS:
@@ -563,6 +584,7 @@ class Engine:
                 n.res = n.pending
                 n.pending = None
                 n.down_until = t + self.cfg.relaunch_delay_s
+                n.down_since = t
                 assert run.plan is not None
                 run.plan = _with_override(run.plan, n.role, n.node_id, n.res)
                 changed = True

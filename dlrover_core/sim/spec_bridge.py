@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from dlrover_core.sim.policies import JobView
 
 
+# The simulator emits one speed sample a minute; three of them stand for DLRover's five
+# samples taken every few seconds.
+SIM_PACING = {"min_speed_samples": 3}
+
+
 def job_view_to_spec(view: JobView, **pacing: float) -> JobSpec:
     name = re.sub(r"[^a-z0-9_.-]+", "-", view.name.lower()).strip("-._") or "job"
     dim = view.embedding_dim
@@ -30,6 +35,6 @@ def job_view_to_spec(view: JobView, **pacing: float) -> JobSpec:
         "training": {"batch_size": view.batch_size, "epochs": max(1, view.epochs)},
         "quota": {"cpu": view.quota.cpu_millicores / 1000, "memory": view.quota.memory_mib},
         "constraints": {"workers": {"min": 1, "max": 256}, "ps": {"min": 1, "max": 15}},
-        "pacing": dict(pacing),
+        "pacing": {**SIM_PACING, **pacing},
     }
     return parse_spec(data, source=f"simulated job {view.name!r}")
