@@ -146,18 +146,27 @@ class Planner:
                 return PlanDecision(nxt, (why or "model not trustworthy yet",), model)
         limits = self._limits(current, samples, observations, past_plans, now_s)
         mem_from = None if observations else current
+        urgent_note = ""
         res = self._search(model, current, observations, limits, memory_from=mem_from)
         if not limits.change_ps and self.bounds.ps.max_count > 0:
             # PS changes are paced, unless one is worth much more than what workers alone buy
             free = dataclasses.replace(limits, change_ps=True)
             alt = self._search(model, current, observations, free, memory_from=mem_from)
             if alt.objective - res.objective >= math.log1p(cfg.urgent_ps_gain):
+                extra = math.expm1(alt.objective - res.objective)
+                urgent_note = (
+                    f"PS changed inside the {cfg.ps_change_interval_s:.0f} s PS pacing interval: "
+                    f"worth {extra:+.0%} over the best worker-only change"
+                )
                 res = alt
         if res.gain < cfg.min_gain or (res.workers, res.ps) == (current.workers, current.ps):
             return PlanDecision(
                 None, (f"current plan is within {cfg.min_gain:.0%} of the best",), model
             )
-        return PlanDecision(self._scaled_plan(current, res, model, now_s), (), model)
+        plan = self._scaled_plan(current, res, model, now_s)
+        if urgent_note:
+            plan = plan.replace(reasons=(*plan.reasons, urgent_note))
+        return PlanDecision(plan, (), model)
 
     # --- helpers ----------------------------------------------------------------------------
     def _fit(self, samples: Sequence[Sample]) -> tuple[ThroughputModel | None, str]:
@@ -323,10 +332,16 @@ class Planner:
             if ": " in r
         }
         cands = scaling.sampling_candidates(current, self.bounds, self.config, observations)
-        for w, p, what in cands:
+        # when moves from here no longer fit the quota, move from the first plan instead
+        base = past_plans[0] if past_plans else current
+        fallback = sorted(  # kinds not tried yet first
+            scaling.sampling_candidates(base, self.bounds, self.config, ()),
+            key=lambda c: c[2] in used,
+        )
+        for i, (w, p, what) in enumerate([*cands, *fallback]):
             w2, p2, notes = self.bounds.fit(w, p)
             key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
-            if what in used or key in seen or (notes and "shrunk" in " ".join(notes)):
+            if (i < len(cands) and what in used) or key in seen or "shrunk" in " ".join(notes):
                 continue
             reasons = (
                 f"sampling configuration {len(seen) + 1}: {what} "

@@ -206,8 +206,8 @@ def sampling_candidates(
 ) -> list[tuple[RolePlan, RolePlan, str]]:
     """Moves from the current configuration that vary one input at a time (so each
     coefficient gets its own evidence), in an order that also heads towards a better
-    configuration: CPU per worker towards what workers use, more workers, CPU per PS towards
-    what the PS use, one more PS, then wider moves. Each kind is proposed once per job."""
+    configuration: CPU per worker towards what workers use, one more PS, more workers, CPU per
+    PS towards what the PS use, then wider moves. Each kind is proposed once per job."""
     w, p = current.workers, current.ps
     last = observations[-1] if observations else None
     levels = cfg.cpu_levels_millicores
@@ -226,11 +226,12 @@ def sampling_candidates(
     # a worker using well under its CPU is limited elsewhere: try it at what it uses
     w_target = w_used * 1.3 if 0 < w_used < 0.6 * wc else wc * 2.0
     out.append((RolePlan(w.count, wcpu(w_target)), p, "CPU per worker towards its use"))
+    if uses_ps:
+        out.append((w, RolePlan(p.count + 1, p.resources), "one more PS"))
     out.append((RolePlan(max(w.count * 2, w.count + 1), w.resources), p, "double the workers"))
     if uses_ps:
         p_target = p_used / 0.7 if 0 < p_used < 0.5 * pc else pc * 2.0
         out.append((w, RolePlan(p.count, pcpu(p_target)), "CPU per PS towards its use"))
-        out.append((w, RolePlan(p.count + 1, p.resources), "one more PS"))
     out.append((RolePlan(max(w.count + 1, int(w.count * 1.5)), w.resources), p, "workers × 1.5"))
     out.append(
         (RolePlan(max(1, w.count // 2), wcpu(wc * 2.0)), p, "half the workers, twice the CPU")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dlrover_core.errors import SpecError
 from dlrover_core.model.throughput import ThroughputModel
-from dlrover_core.planner import PlanDecision, Planner
+from dlrover_core.planner import PlanDecision, Planner, PlannerConfig
 from dlrover_core.types import (
     NodeOverride,
     NodeResources,
@@ -41,7 +41,9 @@ WB = {"a0": 0.05, "a1": 0.001, "b1": 0.00005, "b2": 1e-7, "b3": 0.001}
 QUOTA = {"cpu": 64, "memory": "256Gi"}
 
 
-def planner_with(coef: dict[str, float], **spec: Any) -> Planner:
+def planner_with(
+    coef: dict[str, float], config: dict[str, Any] | None = None, **spec: Any
+) -> Planner:
     """A planner whose model is ``coef`` fitted on exact samples, whatever samples it gets
     (so a test can feed the guards throughputs the model never sees)."""
     model = fitted_model(coef)
@@ -49,7 +51,12 @@ def planner_with(coef: dict[str, float], **spec: Any) -> Planner:
     def factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
         return model
 
-    return Planner(make_spec(**{"quota": QUOTA, **spec}), model_factory=factory)
+    js = make_spec(**{"quota": QUOTA, **spec})
+    cfg = PlannerConfig.from_spec(js, **(config or {}))
+    return Planner(js, cfg, model_factory=factory)
+
+
+NO_URGENT_PS = {"urgent_ps_gain": float("inf")}  # PS pacing without the urgent exception
 
 
 def truth_at(plan: ResourcePlan, coef: dict[str, float] = WB, reps: int = 2) -> list[Sample]:
@@ -85,9 +92,10 @@ def test_sampling_proposes_distinct_configs_until_five_then_the_model() -> None:
         history.append(plan)
     sampled = [d.plan for d in decisions[:-1]]
     assert all(p is not None and p.stage is Stage.SAMPLING for p in sampled)
-    assert len(sampled) == 4
+    # 5 distinct configurations at least; more when the first ones leave an input unvaried
+    assert 4 <= len(sampled) <= planner.config.max_sampling_configs - 1
     keys = [key_of(history[0])] + [key_of(p) for p in sampled if p is not None]
-    assert len(set(keys)) == 5, keys  # every proposal is new
+    assert len(set(keys)) == len(keys), keys  # every proposal is new
     assert all(
         p is not None and p.reasons[0].startswith(f"sampling configuration {i + 2}")
         for i, p in enumerate(sampled)
@@ -167,11 +175,26 @@ def test_ps_changes_at_least_ps_change_interval_apart(now_s: float, ps_may_chang
     """The PS set last changed at t = 50 (1 -> 2 PS); ps_change_interval_s = 100."""
     before = make_plan((2, 1000, 2048), (1, 2000, 4096), created_at_s=0.0)
     current = make_plan((2, 1000, 2048), (2, 1000, 4096), created_at_s=50.0)
-    planner = planner_with(WB)
+    planner = planner_with(WB, NO_URGENT_PS)
     d = planner.replan(current, [], truth_at(current), now_s, past_plans=[before, current])
     assert d.plan is not None
     assert (d.plan.ps != current.ps) is ps_may_change
     assert d.plan.workers != current.workers  # workers are not held by the PS interval
+
+
+def test_a_much_better_ps_change_may_come_inside_the_interval() -> None:
+    """With the default urgent_ps_gain (25 %), a PS change worth far more than any
+    worker-only change is made at t = 70 although the PS set changed at t = 50."""
+    before = make_plan((2, 1000, 2048), (1, 2000, 4096), created_at_s=0.0)
+    current = make_plan((2, 1000, 2048), (2, 1000, 4096), created_at_s=50.0)
+    held = planner_with(WB, NO_URGENT_PS).replan(
+        current, [], truth_at(current), 70.0, past_plans=[before, current]
+    )
+    d = planner_with(WB).replan(current, [], truth_at(current), 70.0, past_plans=[before, current])
+    assert held.plan is not None and d.plan is not None
+    assert d.plan.ps != current.ps
+    assert d.plan.predicted_throughput_sps > 1.25 * held.plan.predicted_throughput_sps
+    assert "inside the 100 s PS pacing interval" in d.plan.reasons[-1]
 
 
 def test_no_history_means_the_ps_may_change() -> None:
@@ -270,7 +293,7 @@ def test_stage_3_acts_before_pacing_allows_stage_2() -> None:
 
 
 def test_scaling_keeps_migrations_only_for_an_unchanged_ps_set() -> None:
-    planner = planner_with(WB, pacing__ps_change_interval_s=1000)
+    planner = planner_with(WB, NO_URGENT_PS, pacing__ps_change_interval_s=1000)
     before = CURRENT
     mig = NodeOverride(Role.PS, 0, NodeResources(4000, 4096), "hot PS")
     relaunch = NodeOverride(Role.WORKER, 0, NodeResources(1000, 2048), "straggler", "relaunch")

@@ -171,6 +171,7 @@ def test_search_with_no_feasible_configuration_keeps_the_current_one() -> None:
 
 
 def test_sampling_candidates_vary_one_input_at_a_time() -> None:
+    """Without observations the CPU moves double (nothing says the nodes use less)."""
     spec = make_spec()
     current = make_plan((2, 2000, 4096), (1, 2000, 8192))
     got = [
@@ -180,10 +181,10 @@ def test_sampling_candidates_vary_one_input_at_a_time() -> None:
         )
     ]
     assert got == [
-        (4, 2000, 1, 2000, "double the workers"),
+        (2, 4000, 1, 2000, "CPU per worker towards its use"),
         (2, 2000, 2, 2000, "one more PS"),
-        (2, 4000, 1, 2000, "CPU per worker × 2.0"),
-        (2, 2000, 1, 4000, "CPU per PS × 2.0"),
+        (4, 2000, 1, 2000, "double the workers"),
+        (2, 2000, 1, 4000, "CPU per PS towards its use"),
         (3, 2000, 1, 2000, "workers × 1.5"),
         (1, 4000, 1, 2000, "half the workers, twice the CPU"),
         (2, 2000, 3, 1000, "two more PS at half CPU"),
@@ -191,7 +192,7 @@ def test_sampling_candidates_vary_one_input_at_a_time() -> None:
     ]
 
 
-def test_sampling_halves_cpu_of_nodes_that_idle() -> None:
+def test_sampling_moves_cpu_towards_what_idle_nodes_use() -> None:
     spec = make_spec()
     current = make_plan((2, 2000, 4096), (1, 4000, 8192))
     idle = Observation(
@@ -209,8 +210,10 @@ def test_sampling_halves_cpu_of_nodes_that_idle() -> None:
             current, JobBounds.from_spec(spec), PlannerConfig(), [idle]
         )
     }
-    assert moves["CPU per worker × 0.5"] == (1000, 4000)  # 600/2000 = 0.3 < 0.5
-    assert moves["CPU per PS × 0.5"] == (2000, 2000)  # 0.3 < 0.5
+    # workers use 600 of 2000 (< 60 %): 600 × 1.3 = 780 -> nearest level 1000
+    assert moves["CPU per worker towards its use"] == (1000, 4000)
+    # the PS uses 1200 of 4000 (< 50 %): 1200 / 0.7 = 1714 -> nearest level 1500
+    assert moves["CPU per PS towards its use"] == (2000, 1500)
 
 
 def test_allreduce_sampling_has_no_ps_moves() -> None:
