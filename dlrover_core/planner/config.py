@@ -32,7 +32,8 @@ class PlannerConfig:
     min_marginal_speed_ratio: float = 0.2  # DLRover: (ΔX/Δw)/(X/w)
     deceleration: float = 0.2  # DLRover: speed down ≥ 20 % after a change -> revert
     worker_memory_margin: float = 1.5  # DLRover: worker memory = max used × 1.5
-    worker_cpu_margin: float = 1.3  # CPU per worker <= peak used × margin when under-used
+    worker_cpu_margin: float = 1.1  # CPU per worker <= peak used × margin when under-used,
+    worker_underuse: float = 0.85  # i.e. when the busiest worker uses < 85 % of its CPU
     urgent_ps_gain: float = 0.25  # a PS change inside the PS pacing interval must beat
     # the best worker-only change by this much (ours: DLRover's fixed 1 h wait costs long jobs)
     ps_memory_margin: float = 1.2
@@ -55,7 +56,7 @@ class PlannerConfig:
     # --- stage 3: post-scaling ------------------------------------------------------------
     hot_ps_cpu_util: float = 0.9
     hot_ps_memory_util: float = 0.9
-    hot_ps_cpu_factor: float = 2.0
+    hot_ps_cpu_factor: float = 1.5  # ours: 2× overshoots once the hot PS cools
     hot_ps_memory_step_mib: int = 8_192  # DLRover: +8 GiB
     idle_ps_cpu_util: float = 0.4
     idle_min_remaining_s: float = 3600.0

@@ -275,7 +275,7 @@ class Planner:
                 # workers not held back by the PS yet use well under their CPU: they cannot
                 # use more (DLRover: worker CPU = observed use + margin)
                 peak = max(n.cpu_used_millicores for n in ws)
-                if peak < 0.7 * current.workers.resources.cpu_millicores:
+                if peak < cfg.worker_underuse * current.workers.resources.cpu_millicores:
                     cap = round_up_level(peak * cfg.worker_cpu_margin, cfg.cpu_levels_millicores)
         ratio = _marginal_speed_ratio(current, samples, plans)
         if ratio is not None and ratio < cfg.min_marginal_speed_ratio:

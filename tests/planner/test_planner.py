@@ -289,7 +289,8 @@ def test_stage_3_acts_before_pacing_allows_stage_2() -> None:
     ]
     d = planner_with(WB).replan(current, obs, [], now_s=4.0)  # 4 s < replan interval
     assert d.plan is not None and d.plan.stage is Stage.POST_SCALING
-    assert d.plan.node_resources(Role.PS, 0).cpu_millicores == 4000
+    # the default hot-PS factor 1.5: 2000 × 1.5 = 3000 (a CPU level)
+    assert d.plan.node_resources(Role.PS, 0).cpu_millicores == 3000
 
 
 def test_scaling_keeps_migrations_only_for_an_unchanged_ps_set() -> None:

@@ -31,7 +31,10 @@ def run(
     current: ResourcePlan, observations: list[Observation], now_s: float = 140.0, **spec: Any
 ) -> ResourcePlan | None:
     s = make_spec(**{"quota": BIG, **spec})
-    plan = post_scale(s, PlannerConfig.from_spec(s), current, observations, now_s)
+    # the hot-PS cases below derive their numbers from doubling (factor 2)
+    plan = post_scale(
+        s, PlannerConfig.from_spec(s, hot_ps_cpu_factor=2.0), current, observations, now_s
+    )
     if plan is not None:
         assert plan.stage is Stage.POST_SCALING
         assert plan.created_at_s == now_s
