@@ -14,8 +14,8 @@ from dlrover_core.sim.trace import PAI_COLUMNS, TraceJob, generate_trace, trace_
 from dlrover_core.sim.truth import JobTruth, OracleConfig
 
 __all__ = [
-    "POLICIES",
     "PAI_COLUMNS",
+    "POLICIES",
     "Engine",
     "EngineConfig",
     "ExitClass",

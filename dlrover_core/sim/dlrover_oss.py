@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from dlrover_core.sim.policies import ExitClass, JobView, RelaunchDecision, register_policy
 from dlrover_core.types import (
@@ -44,16 +45,15 @@ from dlrover_core.types import (
 DLROVER_OSS_UNAVAILABLE: str | None = None
 try:  # pragma: no cover - depends on the optional extra
     from dlrover.python.common.constants import JobOptStage, NodeType
+    from dlrover.python.common.log import default_logger as _dlrover_logger
     from dlrover.python.common.node import Node, NodeResource
     from dlrover.python.master.resource.local_optimizer import PSLocalOptimizer
     from dlrover.python.master.stats.reporter import JobMeta, LocalStatsReporter
     from dlrover.python.master.stats.training_metrics import RuntimeMetric
     from dlrover.python.scheduler.job import ResourceLimits
 
-    from dlrover.python.common.log import default_logger as _dlrover_logger
-
     _dlrover_logger.setLevel(logging.ERROR)  # it logs every plan at INFO
-except Exception as exc:  # noqa: BLE001 - any import failure makes the peer unavailable
+except Exception as exc:
     DLROVER_OSS_UNAVAILABLE = f"dlrover not importable ({exc}); pip install dlrover==0.6.1"
 
 _MB = 1024 * 1024
@@ -82,7 +82,7 @@ def _safe_plan(st: _JobState, stage: str) -> Any:
     such errors and keeps the job running, so they count as an empty plan here."""
     try:
         return st.opt.generate_opt_plan(stage)
-    except Exception:  # noqa: BLE001 - mirror the master's catch-and-continue
+    except Exception:
         st.errors += 1
         return None
 

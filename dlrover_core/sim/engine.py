@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,14 +59,14 @@ class EngineConfig:
 
 class _Node:
     __slots__ = (
-        "role",
-        "node_id",
-        "res",
-        "speed",
-        "down_until",
         "down_since",
-        "restarts",
+        "down_until",
+        "node_id",
         "pending",
+        "res",
+        "restarts",
+        "role",
+        "speed",
     )
 
     def __init__(self, role: Role, node_id: int, res: NodeResources, speed: float, up: float):
@@ -348,9 +349,11 @@ class Engine:
                 run.pending_since = t
             run.pending_plan = plan
             return False
-        ps_changed = len(new_p) != len(run.ps) or any(a is not b for a, b in zip(new_p, run.ps))
+        ps_changed = len(new_p) != len(run.ps) or any(
+            a is not b for a, b in zip(new_p, run.ps, strict=True)
+        )
         w_changed = len(new_w) != len(run.workers) or any(
-            a is not b for a, b in zip(new_w, run.workers)
+            a is not b for a, b in zip(new_w, run.workers, strict=True)
         )
         self._alloc(new_cpu - old_cpu, new_mem - old_mem)
         run.workers, run.ps = new_w, new_p
@@ -733,6 +736,4 @@ def _with_override(
     rest = tuple(o for o in plan.overrides if not (o.role is role and o.node_id == node_id))
     if plan.role(role).resources == res:
         return replace(plan, overrides=rest)
-    return replace(
-        plan, overrides=rest + (NodeOverride(role, node_id, res, "relaunch after exit"),)
-    )
+    return replace(plan, overrides=(*rest, NodeOverride(role, node_id, res, "relaunch after exit")))

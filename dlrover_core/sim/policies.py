@@ -10,13 +10,14 @@ Register more with ``register_policy(name, factory)`` (the lead registers ``dlro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from scipy.optimize import nnls
 
+from dlrover_core.faults import ExitClass
 from dlrover_core.types import (
     HistoryRecord,
     NodeResources,
@@ -30,15 +31,6 @@ from dlrover_core.types import (
 
 if TYPE_CHECKING:
     from dlrover_core.sim.truth import JobTruth
-
-
-class ExitClass(str, Enum):
-    """Why a node exited (the simulator's classes; DOMAIN.md's exit classification)."""
-
-    OOM = "oom"
-    KILLED = "killed"  # preempted / evicted (137, 143)
-    HARDWARE = "hardware"  # the machine failed
-    FATAL = "fatal"  # code error (1, 134): never retried
 
 
 @dataclass(frozen=True)
@@ -74,8 +66,8 @@ class JobView:
     submit_s: float
 
     def to_spec(self) -> Any:
-        """The JobSpec of this job; implemented by the lead in ``sim/spec_bridge.py``."""
-        from dlrover_core.sim.spec_bridge import job_view_to_spec  # type: ignore[import-not-found]
+        """The JobSpec a user would have written for this job."""
+        from dlrover_core.sim.spec_bridge import job_view_to_spec
 
         return job_view_to_spec(self)
 
@@ -423,7 +415,7 @@ class AutopilotPolicy:
             if len(live) < 4:
                 roles[role] = rp
                 continue
-            hcpu, hmem = self._hist_peak.get((job.name, role), (0.0, 0.0))
+            _hcpu, hmem = self._hist_peak.get((job.name, role), (0.0, 0.0))
             cpu = float(np.percentile([c for c, _ in live], 95)) * 1.1
             mem = max(max(m for _, m in live) * 1.2, hmem)
             cur = rp.resources

@@ -7,10 +7,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dlrover_core.faults import DEFAULT_FAULT_POLICY, FaultPolicy, ps_oom_action
-from dlrover_core.faults import ExitClass as FaultExit
+from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy, ps_oom_action
 from dlrover_core.planner import Planner, PlannerConfig
-from dlrover_core.sim.policies import ExitClass, JobView, RelaunchDecision, register_policy
+from dlrover_core.sim.policies import JobView, RelaunchDecision, register_policy
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (
     HistoryRecord,
@@ -21,13 +20,6 @@ from dlrover_core.types import (
     Sample,
     Stage,
 )
-
-_EXITS = {
-    ExitClass.OOM: FaultExit.OOM,
-    ExitClass.KILLED: FaultExit.KILLED,
-    ExitClass.HARDWARE: FaultExit.HARDWARE,
-    ExitClass.FATAL: FaultExit.FATAL,
-}
 
 
 @dataclass
@@ -105,8 +97,8 @@ class DLRoverRMPolicy:
         relaunches: int,
     ) -> RelaunchDecision:
         st = self._job(job)
-        fe = _EXITS.get(exit_class, FaultExit.UNKNOWN)
-        if role is Role.PS and fe is FaultExit.OOM and len(st.ps_memory_seen) > 1:
+        fe = exit_class
+        if role is Role.PS and fe is ExitClass.OOM and len(st.ps_memory_seen) > 1:
             act = ps_oom_action(list(st.ps_memory_seen.values()), self.faults)
             new_ps = act.apply(plan.ps, memory_cap_mib=self.faults.oom_cap_mib)
             if new_ps.count > plan.ps.count and not (

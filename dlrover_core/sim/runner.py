@@ -9,8 +9,10 @@ core-seconds while running) ÷ (the oracle configuration's true throughput per a
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,10 +42,8 @@ PAPER_CLAIMS = {
 
 def _load_optional_policies() -> None:
     """Register ``dlrover-rm`` (the lead's ``sim/rm_policy.py``) when it is importable."""
-    try:
+    with contextlib.suppress(ImportError):
         import dlrover_core.sim.rm_policy  # noqa: F401  (registers itself)
-    except ImportError:
-        pass
 
 
 def available_policies() -> list[str]:
@@ -143,7 +143,7 @@ def simulate(
         ctx = mp.get_context("fork")
         with ctx.Pool(min(processes, len(names))) as pool:
             # replanning policies take longest: start them first so two processes balance
-            order = sorted(names, key=lambda n: POLICIES[n].interval_s is None)
+            order = sorted(names, key=lambda n: getattr(POLICIES[n], "interval_s", None) is None)
             for name, res in pool.imap_unordered(_worker, [(n, seed) for n in order]):
                 results[name] = res
     else:

@@ -191,7 +191,7 @@ def generate_trace(n_jobs: int, seed: int) -> list[TraceJob]:
         sig = _make_signature(rng, sig_id, seed)
         sig_id += 1
         if rng.random() < 0.6:  # a recurring pipeline: daily retrains at the same hour
-            runs = int(min(n_jobs - len(entries), rng.integers(3, 11), max(1, int(days))))
+            runs = min(n_jobs - len(entries), int(rng.integers(3, 11)), max(1, int(days)))
             start = float(rng.uniform(0, DAY_S))
             for r in range(runs):
                 t = start + r * DAY_S + float(rng.normal(0, 900))

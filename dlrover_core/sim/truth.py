@@ -34,7 +34,7 @@ _ORACLE_W = np.array(
     [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128],
     dtype=np.float64,
 )
-_ORACLE_P = np.array(list(range(1, 17)) + [20, 24, 32], dtype=np.float64)
+_ORACLE_P = np.array([*list(range(1, 17)), 20, 24, 32], dtype=np.float64)
 _ORACLE_CPU = np.array([1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32], dtype=np.float64)
 ORACLE_EFFICIENCY_KEEP = 0.8  # oracle: fastest config keeping >= 80% of the best per-core rate
 MEMORY_MARGIN = 1.1  # oracle's memory headroom over the true end-of-training peak

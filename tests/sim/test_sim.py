@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pytest
@@ -24,12 +24,12 @@ from dlrover_core.sim.trace import TraceJob
 BASELINES = ["manual", "vpa", "autopilot", "optimus", "oracle"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _trace(n: int, seed: int) -> list[TraceJob]:
     return generate_trace(n, seed)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _run(name: str, n: int = 120, seed: int = 3) -> dict[str, Any]:
     return run_policy(_trace(n, seed), name, seed)
 
