@@ -110,3 +110,41 @@ def simulate(
     from dlrover_core.sim.runner import simulate as run_sim
 
     return run_sim(jobs, seed, policies)
+
+
+def train(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    plan: str | Path | Mapping[str, Any] | None = None,
+    run_dir: str | Path | None = None,
+    history: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the job on this machine (local processes); returns the report dict."""
+    from dlrover_core.runtime.job import train as run_job
+    from dlrover_core.types import ResourcePlan
+
+    js = resolve_spec(spec, overrides)
+    rp = None
+    if isinstance(plan, Mapping):
+        rp = ResourcePlan.from_dict(dict(plan))
+    elif plan is not None:
+        pp = Path(plan)
+        if not pp.exists():
+            raise InputError(
+                f"plan file {str(pp)!r} does not exist; write one with `dlrover-rm plan --out`"
+            )
+        try:
+            rp = ResourcePlan.from_dict(json.loads(pp.read_text()))
+        except (json.JSONDecodeError, KeyError, ValueError) as e:
+            raise InputError(
+                f"plan file {str(pp)!r} is not a plan written by `dlrover-rm plan`: {e}"
+            ) from None
+    return run_job(js, plan=rp, run_dir=run_dir, history=load_history(history), progress=progress)
+
+
+def status(run_dir: str | Path) -> dict[str, Any]:
+    from dlrover_core.runtime.job import read_status
+
+    return read_status(run_dir)

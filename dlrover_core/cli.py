@@ -82,6 +82,26 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(a: argparse.Namespace) -> int:
+    report = api.train(
+        a.spec, overrides=a.overrides, plan=a.plan, run_dir=a.run_dir, history=a.history
+    )
+    print(
+        f"job {report['job']} {report['state']}: {report['samples_done']:,} samples in "
+        f"{report['wall_s']:.1f} s ({report['throughput_sps']:,.0f}/s), AUC "
+        f"{report['auc'] if report['auc'] is None else round(report['auc'], 4)}, shards done "
+        f"{report['shards_done']}/{report['shards_total']} (twice: "
+        f"{report['shards_completed_twice']}, lost: {report['shards_lost']})"
+    )
+    print(f"report: {report['run_dir']}/report.json, {report['run_dir']}/report.png")
+    return 0 if report["state"] == "succeeded" else 1
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    _write_json(api.status(a.run_dir), None)
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     print("== dlrover-rm demo: plan the example job, then simulate a shared cluster ==\n")
     print(f"-- 1. plan {EXAMPLE_SPEC.name} (cold start: no history yet)")
@@ -135,6 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policies", help="comma-separated; default: all available")
     s.add_argument("--json", metavar="OUT", help="write the results JSON here")
     s.set_defaults(func=cmd_simulate)
+
+    t = sub.add_parser("train", help="run the job on this machine (elastic, fault-tolerant)")
+    _spec_args(t)
+    t.add_argument("--plan", help="start from this plan JSON (from `dlrover-rm plan --out`)")
+    t.add_argument(
+        "--run-dir", help="run directory (default runs/NAME-TIME); an existing one resumes"
+    )
+    t.add_argument("--history", help="run history for warm start (JSON export of run records)")
+    t.set_defaults(func=cmd_train)
+
+    st = sub.add_parser("status", help="the status of a run (JSON)")
+    st.add_argument("--run-dir", required=True)
+    st.set_defaults(func=cmd_status)
 
     d = sub.add_parser("demo", help="the example, end to end, on the embedded defaults")
     d.add_argument("--jobs", type=int, default=300)
