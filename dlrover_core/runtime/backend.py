@@ -191,9 +191,10 @@ class Backend(Protocol):
         """Exits seen since the last call; each exit is reported exactly once."""
         ...
 
-    def stop(self, handle: NodeHandle, grace_s: float = 5.0) -> None:
+    def stop(self, handle: NodeHandle, grace_s: float = 5.0, *, wait: bool = True) -> None:
         """Ask the node to end (SIGTERM to its whole process group / pod deletion with a grace
-        period); force it (SIGKILL) after ``grace_s``. The exit still comes through ``poll``."""
+        period); force it (SIGKILL) after ``grace_s``. The exit still comes through ``poll``.
+        ``wait=False`` returns at once (the force still happens after the grace)."""
         ...
 
     def kill(self, handle: NodeHandle) -> None:

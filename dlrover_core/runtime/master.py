@@ -38,7 +38,7 @@ from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy, cl
 from dlrover_core.faults.health import HeartbeatPolicy
 from dlrover_core.planner import Planner
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.backend import Backend, NodeExit, NodeHandle, NodeSpec
+from dlrover_core.runtime.backend import LOST_REASON, Backend, NodeExit, NodeHandle, NodeSpec
 from dlrover_core.runtime.master_service import MasterState, atomic_write_json, serve_master
 from dlrover_core.runtime.report import TIMELINE_FILE
 from dlrover_core.spec import JobSpec, spec_to_dict
@@ -312,7 +312,7 @@ class JobMaster:
             if n is None or n.handle is None:
                 self._start_worker(i, want)
             elif n.resources != want or relaunch:
-                self.backend.stop(n.handle, grace_s=2.0)
+                self.backend.stop(n.handle, grace_s=2.0, wait=False)
                 self.state.mark_node(Role.WORKER, i, NodeState.DELETED)
                 self._start_worker(i, want)
         for i in range(new.workers.count, old.workers.count):
@@ -353,7 +353,7 @@ class JobMaster:
             return
         for n in self._ps_switch["old"]:
             if n.handle is not None:
-                self.backend.stop(n.handle, grace_s=5.0)
+                self.backend.stop(n.handle, grace_s=5.0, wait=False)
         self._ps_switch = None
 
     def _tables(self) -> dict[str, int]:
@@ -573,22 +573,17 @@ class JobMaster:
             n.handle = self.backend.adopt(role, node_id, n.incarnation, ref) if ref else None
             self.nodes[(role, node_id)] = n
             log.info("resume: %s-%d %s", role.value, node_id, "adopted" if n.handle else "lost")
-        for i in range(last.ps.count):
-            n = self.nodes.get((Role.PS, i))
-            if n is None or n.handle is None:
-                self._on_exit(
-                    NodeExit(
-                        Role.PS, i, n.incarnation if n else 0, None, 9, "Lost", self.clock(), 0.0
+        for role, count in ((Role.PS, last.ps.count), (Role.WORKER, last.workers.count)):
+            for i in range(count):
+                m = self.nodes.get((role, i))
+                if m is None:
+                    m = _Node(role, i, last.node_resources(role, i))
+                    m.ps_version = version
+                    self.nodes[(role, i)] = m
+                if m.handle is None:  # gone while no master watched it: relaunch per policy
+                    self._on_exit(
+                        NodeExit(role, i, m.incarnation, None, None, LOST_REASON, self.clock(), 0.0)
                     )
-                )
-        for i in range(last.workers.count):
-            n = self.nodes.get((Role.WORKER, i))
-            if n is None:
-                self._start_worker(i, last.node_resources(Role.WORKER, i))
-            elif n.handle is None:
-                self._on_exit(
-                    NodeExit(Role.WORKER, i, n.incarnation, None, 9, "Lost", self.clock(), 0.0)
-                )
 
     def _finish(self) -> dict[str, Any]:
         assert self.state is not None

@@ -1,0 +1,844 @@
+"""The worker process of the PS runtime: asynchronous SGD against the parameter servers.
+
+Run one as a process (the local backend does; the master writes ``DIR/spec.json`` and the
+token first)::
+
+    python -m dlrover_core.runtime.worker --run-dir DIR --node-id I --master HOST:PORT
+        [--incarnation N] [--threads T]
+
+What it does:
+
+1. Reads the job spec from ``DIR/spec.json`` and the job token from ``DIR``; sets torch's
+   intra-op threads to ``T`` (the planned CPU; the backend also sets ``OMP_NUM_THREADS`` and
+   the CPU affinity).
+2. Registers with the master (role worker, node id, pid, incarnation) and learns the PS set;
+   builds a :class:`~dlrover_core.training.model.DenseTower`, offers its initial parameters to
+   the PS (``init_dense``: the first writer wins) and pulls the winners, so every worker starts
+   from the same dense parameters.
+3. Loops, with no barrier between workers: take a shard from the master → read its rows →
+   per mini-batch of ``training.batch_size`` (:func:`train_step`): pull the dense parameters,
+   pull the embedding rows of the batch's ids (unique per table), forward, BCE-with-logits,
+   backward, push the embedding gradients and the dense gradients (the PS applies Adagrad with
+   ``training.optimizer.lr``) → report the shard done with its sample count and mean loss.
+   A step's push runs in the background while the next step pulls and computes (at most one
+   push in flight; ``overlap_push=False`` turns this off); the shard is reported only after
+   its last push returned.
+   ``wait`` from the master: sleep briefly and ask again; ``done`` or ``stop``: exit 0.
+4. A heartbeat thread reports, every ``pacing.heartbeat_interval_s``, the CPU of this process
+   and its children (percent of one core, like ``top``), their RSS in MiB, the local step and
+   samples/s over the last ``pacing.sample_window_s``. When a reply carries a newer PS set
+   version the loop switches to the new addresses between two batches and re-syncs the dense
+   parameters; when it says ``stop`` the loop finishes the current batch and exits 0 without
+   reporting the unfinished shard (the master gives it back to the queue).
+
+Faults:
+
+- A PS that cannot be reached during a batch (:class:`~dlrover_core.runtime.ps_client.
+  PSUnavailable`) makes the worker poll the master's PS set (the master relaunches a dead PS on
+  the same index, perhaps at a new address, and bumps the version), reconnect, re-sync the
+  dense parameters and redo the batch. A shard is reported done only after every one of its
+  batches was pushed. (A batch redone after a failure that hit some PS but not others is
+  applied twice on those: harmless noise for asynchronous SGD.) Past ``ps_wait_s`` (600 s by
+  default) without a reachable PS set the worker gives up with exit code 2.
+- A master that stays unreachable past the client's retry window (60 s) ends the worker with
+  exit code 2 and a one-line message.
+
+Exit codes: 0 finished or stopped (also: superseded by a newer incarnation of this node);
+1 a fatal configuration error (bad spec, no token, a spec the PS worker cannot build), with a
+one-line message on stderr; 2 the master or the PS set stayed unreachable; any other exception
+propagates (Python exits 1 with a traceback).
+
+Environment hook for fault tests: ``DLROVER_RM_WORKER_ALLOC_MIB=N`` makes the worker allocate
+and touch N MiB at start and hold them for its life, to push it over its memory limit.
+
+Measured on this machine (2 cores, small test job: 2 tables of dim 16, batch 256, 1 worker and
+1 in-process PS, 1 torch thread): see ``tests/runtime/test_runtime_worker.py`` and the report
+that added this module. The dense parameters are pulled every step by default
+(``dense_sync_every``); pulling them every k steps saves one round trip per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dlrover_core.errors import DLRoverError
+from dlrover_core.runtime import wire
+from dlrover_core.runtime.master_client import (
+    MasterClient,
+    MasterRejectedError,
+    MasterUnavailableError,
+)
+from dlrover_core.runtime.ps_client import PSClient, PSUnavailable
+from dlrover_core.spec import JobSpec, load_spec
+from dlrover_core.training.data import Batch, DataSource, from_spec
+from dlrover_core.training.model import DenseTower, LookupFn, evaluate, feature_keys
+from dlrover_core.types import Role
+
+log = logging.getLogger(__name__)
+
+SPEC_FILE = "spec.json"
+ALLOC_ENV = "DLROVER_RM_WORKER_ALLOC_MIB"
+"""Extra MiB a worker allocates (and touches) at start; for memory-limit fault tests."""
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_UNAVAILABLE = 2
+
+__all__ = [
+    "ALLOC_ENV",
+    "EXIT_FATAL",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "SPEC_FILE",
+    "DenseSync",
+    "PSWaitTimeout",
+    "StepGrads",
+    "Worker",
+    "WorkerConfigError",
+    "compute_step",
+    "embedding_ids",
+    "evaluate_on_ps",
+    "load_dense",
+    "main",
+    "ps_lookup",
+    "pull_embeddings",
+    "table_rows",
+    "train_step",
+]
+
+
+class WorkerConfigError(DLRoverError):
+    """The worker cannot start with this run directory / spec (a relaunch would not help)."""
+
+
+class PSWaitTimeout(DLRoverError):
+    """The PS set stayed unreachable for longer than the worker waits."""
+
+
+class _Stopped(Exception):
+    """Internal: a stop was requested while waiting; leave the loop cleanly."""
+
+
+# --- the training step (also used by the throughput benchmark) ------------------------------
+
+
+def table_rows(spec: JobSpec) -> list[int | None]:
+    """Rows of each table in feature order (None: dynamic). A raw id of a static table maps to
+    row ``id % rows``, as in :class:`~dlrover_core.training.model.LocalDLRM`."""
+    return [
+        t.num_embeddings if isinstance(t.num_embeddings, int) else None
+        for t in spec.model.embedding_tables
+    ]
+
+
+def embedding_ids(sparse: np.ndarray, rows: Sequence[int | None]) -> list[np.ndarray]:
+    """Per feature, the PS ids of a batch's raw ids ``int64 [n, F]`` (static tables wrap)."""
+    cols = []
+    for f, r in enumerate(rows):
+        col = np.ascontiguousarray(sparse[:, f], dtype=np.int64)
+        cols.append(np.remainder(col, r) if r is not None else col)
+    return cols
+
+
+def pull_embeddings(ps: PSClient, names: Sequence[str], ids: Sequence[np.ndarray]) -> np.ndarray:
+    """Embedding rows ``float32 [n, F, D]`` of per-feature ids (one PS call per PS)."""
+    got = ps.pull_many(dict(zip(names, ids, strict=True)))
+    return np.stack([got[name] for name in names], axis=1)
+
+
+def load_dense(tower: torch.nn.Module, values: dict[str, np.ndarray]) -> None:
+    """Copy dense parameters pulled from the PS into ``tower`` (in place, no autograd)."""
+    params = dict(tower.named_parameters())
+    missing = sorted(set(params) - set(values))
+    if missing:
+        raise DLRoverError(
+            f"the PS set holds no value for dense parameter(s) {missing[:3]}...; every worker "
+            "must run the same model spec (re-create the PS set or fix the spec)"
+        )
+    with torch.no_grad():
+        for name, p in params.items():
+            np.copyto(p.detach().numpy(), np.asarray(values[name]).reshape(p.shape))
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+@dataclass
+class DenseSync:
+    """When :func:`train_step` pulls the dense parameters: every ``every`` steps (1: always)."""
+
+    every: int = 1
+    steps_since: int = field(default=0, init=False)
+    stale: bool = field(default=True, init=False)
+
+    def due(self) -> bool:
+        return self.stale or self.steps_since >= self.every
+
+    def done(self) -> None:
+        self.stale = False
+        self.steps_since = 0
+
+    def invalidate(self) -> None:
+        self.stale = True
+
+
+@dataclass
+class StepGrads:
+    """The gradients of one step, ready to push: per table (ids, grad rows), dense by name."""
+
+    sparse: dict[str, tuple[np.ndarray, np.ndarray]]
+    dense: dict[str, np.ndarray]
+    lr: float | None
+
+    def push(self, ps: PSClient) -> None:
+        """Send them (the PS applies Adagrad with ``lr``; None: the PS's own)."""
+        ps.push_many(self.sparse, lr=self.lr)
+        ps.push_dense(self.dense, lr=self.lr)
+
+
+def compute_step(
+    tower: DenseTower,
+    ps: PSClient,
+    batch: Batch,
+    names: Sequence[str],
+    rows: Sequence[int | None],
+    lr: float | None,
+    *,
+    sync: DenseSync | None = None,
+) -> tuple[float, StepGrads]:
+    """The pull and compute half of :func:`train_step`: ``(mean loss, gradients to push)``."""
+    if sync is None or sync.due():
+        load_dense(tower, ps.pull_dense())
+        if sync is not None:
+            sync.done()
+    ids = embedding_ids(batch.sparse, rows)
+    leaf = torch.from_numpy(pull_embeddings(ps, names, ids)).requires_grad_(True)
+    tower.zero_grad(set_to_none=True)  # fresh grad tensors: a push in flight keeps its own
+    logits = tower(_tensor(batch.dense), leaf)
+    loss = F.binary_cross_entropy_with_logits(logits, _tensor(batch.labels))
+    loss.backward()
+    assert leaf.grad is not None
+    grad = leaf.grad.numpy()
+    sparse = {name: (ids[f], grad[:, f, :]) for f, name in enumerate(names)}
+    dense = {n: p.grad.numpy() for n, p in tower.named_parameters() if p.grad is not None}
+    if sync is not None:
+        sync.steps_since += 1
+    return float(loss.detach()), StepGrads(sparse, dense, lr)
+
+
+def train_step(
+    tower: DenseTower,
+    ps: PSClient,
+    batch: Batch,
+    names: Sequence[str],
+    rows: Sequence[int | None],
+    lr: float | None,
+    *,
+    sync: DenseSync | None = None,
+) -> float:
+    """One asynchronous SGD step on ``batch``; returns its mean BCE loss.
+
+    Pulls the dense parameters (each step, or as ``sync`` says), pulls the batch's embedding
+    rows (unique ids per table), runs forward and backward on a leaf ``[n, F, D]`` tensor, then
+    pushes the embedding gradients (per table: ids, grad rows; duplicates summed by the client)
+    and the dense gradients; the PS applies Adagrad with ``lr`` (None: the PS's own). Raises
+    :class:`PSUnavailable` when a PS cannot be reached (redo the step).
+
+    :class:`Worker` runs the same two halves (:func:`compute_step`, :meth:`StepGrads.push`) but
+    overlaps a step's push with the next step's pull and compute."""
+    loss, grads = compute_step(tower, ps, batch, names, rows, lr, sync=sync)
+    grads.push(ps)
+    return loss
+
+
+# --- evaluation against the PS ---------------------------------------------------------------
+
+
+def ps_lookup(ps: PSClient, spec: JobSpec) -> LookupFn:
+    """A :data:`~dlrover_core.training.model.LookupFn` that pulls rows from the PS set.
+
+    Pulling creates rows for ids the PS has not seen (with their deterministic initial value),
+    as training would."""
+    names = feature_keys(spec.model)
+    rows = table_rows(spec)
+
+    def lookup(sparse: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(pull_embeddings(ps, names, embedding_ids(sparse, rows)))
+
+    return lookup
+
+
+def evaluate_on_ps(
+    spec: JobSpec, ps: PSClient, n: int | None = None, data: DataSource | None = None
+) -> tuple[float, float]:
+    """``(auc, logloss)`` of the model held by the PS set on ``n`` held-out rows (default
+    ``data.eval_rows`` of the spec)."""
+    tower = DenseTower(spec.model)
+    load_dense(tower, ps.pull_dense())
+    source = data if data is not None else from_spec(spec)
+    batch = source.eval_rows(spec.data.eval_rows if n is None else n)
+    return evaluate(tower, ps_lookup(ps, spec), batch)
+
+
+# --- resource numbers for the heartbeat --------------------------------------------------------
+
+
+class _Usage:
+    """CPU (percent of one core, like ``top``) and RSS of this process and its children."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._proc = psutil.Process()
+        self._last: dict[int, float] = {}
+        self._last_t = time.monotonic()
+        self._cpu_times()  # prime
+
+    def _procs(self) -> list[Any]:
+        try:
+            return [self._proc, *self._proc.children(recursive=True)]
+        except self._psutil.Error:
+            return [self._proc]
+
+    def _cpu_times(self) -> dict[int, float]:
+        out = {}
+        for p in self._procs():
+            try:
+                t = p.cpu_times()
+                out[p.pid] = float(t.user + t.system)
+            except self._psutil.Error:
+                continue
+        return out
+
+    def sample(self) -> tuple[float, float]:
+        now = time.monotonic()
+        times = self._cpu_times()
+        used = sum(t - self._last.get(pid, 0.0) for pid, t in times.items())
+        dt = max(now - self._last_t, 1e-6)
+        self._last, self._last_t = times, now
+        rss = 0
+        for p in self._procs():
+            try:
+                rss += int(p.memory_info().rss)
+            except self._psutil.Error:
+                continue
+        return max(0.0, 100.0 * used / dt), rss / 2**20
+
+
+class _Rate:
+    """Samples/s over a sliding window of ``window_s``."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._points: collections.deque[tuple[float, int]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def add(self, t: float, total: int) -> None:
+        with self._lock:
+            self._points.append((t, total))
+            # keep one point at or before the window's start
+            while len(self._points) > 2 and self._points[1][0] <= t - self.window_s:
+                self._points.popleft()
+
+    def rate(self, now: float, total: int) -> tuple[float, float]:
+        """(samples/s, window seconds) up to ``now`` with ``total`` samples so far."""
+        with self._lock:
+            if not self._points:
+                return 0.0, 0.0
+            t0, n0 = self._points[0]
+        span = now - t0
+        if span <= 0:
+            return 0.0, 0.0
+        return (total - n0) / span, span
+
+
+# --- the worker ---------------------------------------------------------------------------
+
+
+class Worker:
+    """One worker of the PS runtime; :meth:`run` trains until the job is done or stopped.
+
+    Usable in-process (tests run it in a thread: ``threads=None`` leaves torch's thread count
+    alone). ``spec`` and ``token`` default to the run directory's ``spec.json`` and token."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        node_id: int,
+        master_address: str,
+        *,
+        incarnation: int = 0,
+        threads: int | None = None,
+        spec: JobSpec | None = None,
+        token: str | None = None,
+        master_retry_s: float = 60.0,
+        ps_wait_s: float = 600.0,
+        ps_poll_s: float = 0.5,
+        wait_poll_s: float = 0.2,
+        dense_sync_every: int = 1,
+        overlap_push: bool = True,
+        metrics_interval_s: float | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.node_id = int(node_id)
+        self.master_address = master_address
+        self.incarnation = int(incarnation)
+        self.threads = threads
+        self.spec = spec
+        self.token = token
+        self.master_retry_s = master_retry_s
+        self.ps_wait_s = ps_wait_s
+        self.ps_poll_s = ps_poll_s
+        self.wait_poll_s = wait_poll_s
+        self.dense_sync_every = max(1, int(dense_sync_every))
+        self.overlap_push = overlap_push
+        self.metrics_interval_s = metrics_interval_s
+        # progress, readable from other threads
+        self.steps = 0
+        self.samples = 0
+        self.shards_done = 0
+        self.ps_version = -1
+        self.ps_switches = 0
+        self.ps_failures = 0
+        self.last_loss: float | None = None
+        self.exit_reason = ""
+        self._stop = threading.Event()
+        self._pending_lock = threading.Lock()
+        self._pending_ps: tuple[tuple[str, ...], int] | None = None
+        self._ballast: np.ndarray | None = None
+        self._master: MasterClient | None = None
+        self._ps: PSClient | None = None
+        self._hb_thread: threading.Thread | None = None
+        self._hb_stop = threading.Event()
+        self._pusher: ThreadPoolExecutor | None = None
+        self._in_flight: tuple[Future[None], StepGrads] | None = None
+        self._unpushed: list[StepGrads] = []
+
+    # --- control from outside ----------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Finish the current batch, then exit 0 (the unfinished shard goes back to the queue)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # --- set-up ----------------------------------------------------------------------------
+
+    def _configure(self) -> None:
+        if self.spec is None:
+            path = self.run_dir / SPEC_FILE
+            if not path.exists():
+                raise WorkerConfigError(
+                    f"no job spec at {path}: the master writes it before starting workers"
+                )
+            self.spec = load_spec(path)
+        spec = self.spec
+        if spec.strategy != "ps":
+            raise WorkerConfigError(
+                f"this worker runs the PS strategy; the spec asks for {spec.strategy!r}"
+            )
+        if spec.model.architecture.value != "dlrm":
+            raise WorkerConfigError(
+                f"the PS worker builds a DLRM; the spec asks for {spec.model.architecture.value!r}"
+            )
+        if self.token is None:
+            try:
+                self.token = wire.read_token(self.run_dir)
+            except OSError as e:
+                raise WorkerConfigError(
+                    f"cannot read the job token in {self.run_dir}: {e}; pass the job's run dir"
+                ) from None
+        if self.threads is not None:
+            if self.threads < 1:
+                raise WorkerConfigError(f"--threads must be at least 1, got {self.threads}")
+            torch.set_num_threads(self.threads)
+        raw = os.environ.get(ALLOC_ENV)
+        if raw:
+            try:
+                mib = int(float(raw))
+            except ValueError:
+                raise WorkerConfigError(f"{ALLOC_ENV}={raw!r} must be a number of MiB") from None
+            if mib > 0:
+                log.info("allocating %d MiB extra (%s)", mib, ALLOC_ENV)
+                self._ballast = np.ones(mib * 2**20 // 8, dtype=np.float64)  # touches pages
+        self.tower = DenseTower(spec.model)
+        self.names = feature_keys(spec.model)
+        self.rows = table_rows(spec)
+        self.tables = {t.name: spec.model.table_dim(t) for t in spec.model.embedding_tables}
+        self.lr = spec.training.optimizer.lr
+        self.batch_size = spec.training.batch_size
+        self.data = from_spec(spec)
+        self.sync = DenseSync(self.dense_sync_every)
+        self.rate = _Rate(min(spec.pacing.sample_window_s, 30.0))
+        self.heartbeat_interval_s = spec.pacing.heartbeat_interval_s
+        if self.metrics_interval_s is None:
+            self.metrics_interval_s = min(5.0, self.heartbeat_interval_s)
+
+    # --- run ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Train until done or stopped; returns the exit code (see the module docstring)."""
+        try:
+            self._configure()
+        except DLRoverError as e:
+            _one_line(f"worker {self.node_id}: {e}")
+            self.exit_reason = "config"
+            return EXIT_FATAL
+        try:
+            return self._run()
+        except _Stopped:
+            self.exit_reason = self.exit_reason or "stopped"
+            return EXIT_OK
+        except MasterUnavailableError as e:
+            _one_line(f"worker {self.node_id}: giving up: {e}")
+            self.exit_reason = "master unavailable"
+            return EXIT_UNAVAILABLE
+        except PSWaitTimeout as e:
+            _one_line(f"worker {self.node_id}: giving up: {e}")
+            self.exit_reason = "ps unavailable"
+            return EXIT_UNAVAILABLE
+        except MasterRejectedError as e:
+            if e.code is grpc.StatusCode.FAILED_PRECONDITION and "superseded" in str(e):
+                _one_line(f"worker {self.node_id}: {e}")
+                self.exit_reason = "superseded"
+                return EXIT_OK
+            if e.code is grpc.StatusCode.UNAUTHENTICATED:
+                _one_line(f"worker {self.node_id}: {e}")
+                self.exit_reason = "config"
+                return EXIT_FATAL
+            raise
+        finally:
+            self._shutdown()
+
+    def _run(self) -> int:
+        assert self.spec is not None and self.token is not None
+        self._master = master = MasterClient(
+            self.master_address, self.token, retry_for_s=self.master_retry_s
+        )
+        reg = master.register(Role.WORKER, self.node_id, os.getpid(), self.incarnation)
+        addresses, version = reg.ps_addresses, reg.ps_version
+        while not addresses:  # the master has not started the PS set yet
+            self._sleep(self.ps_poll_s)
+            addresses, version = master.get_ps_set()
+        self._ps = PSClient(addresses, self.token, self.tables)
+        self.ps_version = version
+        self._with_ps(self._init_dense)
+        log.info(
+            "worker %d (incarnation %d) up: %d PS (version %d), %d dense parameters",
+            self.node_id,
+            self.incarnation,
+            len(addresses),
+            version,
+            sum(p.numel() for p in self.tower.parameters()),
+        )
+        self._start_heartbeat()
+        last_metrics = time.monotonic()
+        self.rate.add(last_metrics, 0)
+        while True:
+            if self._stop.is_set():
+                return self._leave("stop requested")
+            self._apply_pending_switch()
+            reply = master.get_shard()
+            if reply.stop:
+                return self._leave("the master said stop")
+            if reply.done:
+                self._report_metrics()
+                return self._leave(f"job done ({reply.failed} shard(s) failed)")
+            if reply.wait or reply.shard is None:
+                self._sleep(self.wait_poll_s)
+                continue
+            shard = reply.shard
+            result = self._train_shard(shard.start, shard.end)
+            if result is None:  # stop requested mid-shard: leave it to the master
+                return self._leave(f"stop requested during shard {shard.shard_id}")
+            samples, loss = result
+            self._flush()  # every batch of the shard is on the PS before it is reported
+            master.shard_done(shard.shard_id, samples, loss)
+            self.shards_done += 1
+            now = time.monotonic()
+            if now - last_metrics >= (self.metrics_interval_s or 0.0):
+                self._report_metrics()
+                last_metrics = now
+
+    def _leave(self, reason: str) -> int:
+        self.exit_reason = reason
+        log.info(
+            "worker %d leaving: %s (%d steps, %d samples, %d shards)",
+            self.node_id,
+            reason,
+            self.steps,
+            self.samples,
+            self.shards_done,
+        )
+        return EXIT_OK
+
+    def _train_shard(self, start: int, end: int) -> tuple[int, float | None] | None:
+        """Train rows [start, end); (samples, mean loss), or None when asked to stop first."""
+        records = self.data.rows(start, end)
+        loss_sum, n = 0.0, 0
+        for batch in records.split(self.batch_size):
+            if self._stop.is_set():
+                return None
+            loss = self._step(batch)
+            k = len(batch)
+            loss_sum += loss * k
+            n += k
+            self.steps += 1
+            self.samples += k
+            self.last_loss = loss
+            self.rate.add(time.monotonic(), self.samples)
+        return len(records), (loss_sum / n if n else None)
+
+    def _step(self, batch: Batch) -> float:
+        """Pull and compute (redone after a PS failure), then push: in the background when
+        ``overlap_push`` (at most one push in flight), else before returning."""
+        assert self._ps is not None
+        while True:
+            self._apply_pending_switch()
+            try:
+                loss, grads = compute_step(
+                    self.tower, self._ps, batch, self.names, self.rows, self.lr, sync=self.sync
+                )
+                break
+            except PSUnavailable as e:
+                self._wait_for_ps(e)
+        if self.overlap_push:
+            self._flush()
+            if self._pusher is None:
+                self._pusher = ThreadPoolExecutor(1, thread_name_prefix="worker-push")
+            self._in_flight = (self._pusher.submit(grads.push, self._ps), grads)
+        else:
+            self._unpushed.append(grads)
+            self._flush()
+        return loss
+
+    def _settle(self) -> None:
+        """Wait for the push in flight; keep its gradients for a retry if a PS was down."""
+        if self._in_flight is None:
+            return
+        fut, grads = self._in_flight
+        self._in_flight = None
+        try:
+            fut.result()
+        except PSUnavailable as e:
+            log.warning("worker %d: a push failed (%s); it is retried", self.node_id, e)
+            self._unpushed.append(grads)
+
+    def _flush(self) -> None:
+        """Make sure every computed step's gradients reached the PS set (waiting for it)."""
+        assert self._ps is not None
+        self._settle()
+        while self._unpushed:
+            try:
+                self._unpushed[0].push(self._ps)
+                self._unpushed.pop(0)
+            except PSUnavailable as e:
+                self._wait_for_ps(e)
+
+    # --- the PS set --------------------------------------------------------------------------
+
+    def _init_dense(self) -> None:
+        assert self._ps is not None
+        params = {n: p.detach().numpy().copy() for n, p in self.tower.named_parameters()}
+        self._ps.init_dense(params)
+        load_dense(self.tower, self._ps.pull_dense())
+        self.sync.done()
+
+    def _with_ps(self, fn: Callable[[], None]) -> None:
+        while True:
+            try:
+                fn()
+                return
+            except PSUnavailable as e:
+                self._wait_for_ps(e)
+
+    def _switch(self, addresses: Sequence[str], version: int) -> None:
+        assert self._ps is not None
+        self._settle()  # no push may use the channels being closed
+        self._ps.switch(addresses)  # fresh channels, also for the same addresses
+        if version != self.ps_version:
+            log.info("worker %d: PS set version %d -> %d", self.node_id, self.ps_version, version)
+            self.ps_switches += 1
+        self.ps_version = version
+        self.sync.invalidate()
+
+    def _apply_pending_switch(self) -> None:
+        with self._pending_lock:
+            pending, self._pending_ps = self._pending_ps, None
+        if pending is None or pending[1] <= self.ps_version or not pending[0]:
+            return
+        self._switch(*pending)
+        # a fresh PS set may lack the dense parameters: offer ours (first writer wins), re-pull
+        self._with_ps(self._init_dense)
+        self._flush()  # a push that failed on the old set goes to the new one
+
+    def _wait_for_ps(self, error: PSUnavailable) -> None:
+        """Poll the master's PS set until every PS answers; then re-sync the dense parameters
+        (the caller redoes its batch)."""
+        assert self._ps is not None and self._master is not None
+        self._settle()
+        self.ps_failures += 1
+        log.warning("worker %d: %s; waiting for the PS set", self.node_id, error)
+        deadline = time.monotonic() + self.ps_wait_s
+        while True:
+            if self._stop.is_set():
+                raise _Stopped()
+            addresses, version = self._master.get_ps_set()
+            if addresses:
+                self._switch(addresses, version)
+                try:
+                    self._ps.ping()
+                    self._init_dense()
+                    log.info("worker %d: PS set reachable (version %d)", self.node_id, version)
+                    return
+                except PSUnavailable as e:
+                    error = e
+            if time.monotonic() > deadline:
+                raise PSWaitTimeout(
+                    f"the PS set stayed unreachable for {self.ps_wait_s:g} s (last: {error}); "
+                    "check the master's PS relaunches"
+                )
+            self._sleep(self.ps_poll_s)
+
+    # --- heartbeat and metrics ----------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        self._hb_thread = threading.Thread(
+            target=self._heartbeat_loop, name=f"worker-{self.node_id}-heartbeat", daemon=True
+        )
+        self._hb_thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        try:
+            usage: _Usage | None = _Usage()
+        except ImportError:  # psutil is part of the runtime extra; without it report zeros
+            usage = None
+        while True:
+            try:
+                self._heartbeat_once(usage)
+            except MasterUnavailableError as e:
+                log.error("worker %d: heartbeat: %s", self.node_id, e)
+            except DLRoverError as e:
+                log.error("worker %d: heartbeat refused: %s", self.node_id, e)
+            if self._hb_stop.wait(self.heartbeat_interval_s):
+                return
+
+    def _heartbeat_once(self, usage: _Usage | None) -> None:
+        assert self._master is not None
+        cpu, rss = usage.sample() if usage is not None else (0.0, 0.0)
+        sps, _ = self.rate.rate(time.monotonic(), self.samples)
+        reply = self._master.heartbeat(
+            cpu_percent=cpu, rss_mib=rss, step=self.steps, samples_per_s=sps
+        )
+        if reply.stop:
+            log.info("worker %d: the master asked to stop", self.node_id)
+            self._stop.set()
+        if reply.ps_version > self.ps_version and reply.ps_addresses:
+            with self._pending_lock:
+                if self._pending_ps is None or self._pending_ps[1] < reply.ps_version:
+                    self._pending_ps = (reply.ps_addresses, reply.ps_version)
+
+    def _report_metrics(self) -> None:
+        assert self._master is not None
+        sps, window = self.rate.rate(time.monotonic(), self.samples)
+        fields: dict[str, float] = {
+            "step": self.steps,
+            "samples": self.samples,
+            "samples_per_s": sps,
+            "window_s": window,
+            "shards_done": self.shards_done,
+        }
+        if self.last_loss is not None:
+            fields["loss"] = self.last_loss
+        self._master.report_metrics(**fields)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _sleep(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise _Stopped()
+
+    def _shutdown(self) -> None:
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=15)
+        if self._in_flight is not None:
+            self._in_flight[0].exception()  # let it finish before its channels close
+            self._in_flight = None
+        if self._pusher is not None:
+            self._pusher.shutdown(wait=True)
+        if self._ps is not None:
+            self._ps.close()
+        if self._master is not None:
+            self._master.close()
+        self._ballast = None
+
+
+def _one_line(message: str) -> None:
+    print(" ".join(message.split()), file=sys.stderr, flush=True)
+
+
+# --- process entry -------------------------------------------------------------------------
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m dlrover_core.runtime.worker",
+        description="A worker of the PS runtime (see the module docstring).",
+    )
+    p.add_argument("--run-dir", required=True, help="the job's run dir (spec.json and token)")
+    p.add_argument("--node-id", type=int, required=True, help="this worker's id")
+    p.add_argument("--master", required=True, help="the job master's HOST:PORT")
+    p.add_argument("--incarnation", type=int, default=0, help="launches of this node before")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (the planned CPU)")
+    p.add_argument(
+        "--dense-sync-every", type=int, default=1, help="pull dense parameters every k steps"
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s", force=True
+    )
+    args = _parse(argv)
+    worker = Worker(
+        args.run_dir,
+        args.node_id,
+        args.master,
+        incarnation=args.incarnation,
+        threads=args.threads,
+        dense_sync_every=args.dense_sync_every,
+    )
+
+    def on_signal(signum: int, frame: Any) -> None:
+        worker.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
