@@ -8,7 +8,6 @@ between processes) counts as zero elapsed: skew alone must never kill a node.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -110,9 +109,22 @@ def find_stragglers(
         raise InputError(f"worker speeds {bad} must be finite samples/s >= 0")
     if len(worker_speeds) < max(2, min_workers):
         return []
-    stragglers = []
-    for wid, speed in worker_speeds.items():
-        others = statistics.median(v for k, v in worker_speeds.items() if k != wid)
-        if speed < ratio * others:
-            stragglers.append(wid)
-    return sorted(stragglers)
+    ids = list(worker_speeds)
+    s = sorted(worker_speeds.values())
+    n = len(s)
+
+    def median_without(k: int) -> float:
+        """Median of ``s`` with the element at sorted position ``k`` left out (O(1))."""
+
+        def at(j: int) -> float:  # element j of s with position k removed
+            return s[j] if j < k else s[j + 1]
+
+        m = n - 1
+        return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+
+    pos = {}
+    for k, v in enumerate(s):
+        pos.setdefault(v, k)  # equal speeds share one yardstick: any of them left out
+    return sorted(
+        wid for wid in ids if worker_speeds[wid] < ratio * median_without(pos[worker_speeds[wid]])
+    )

@@ -134,7 +134,13 @@ def ps_memory_per_node_mib(
     margin: float = 1.2,
 ) -> float:
     """Memory each PS needs at the end of training, with margin."""
-    fit = fit_ps_memory(spec, observations)
+    return ps_memory_from_fit(fit_ps_memory(spec, observations), num_ps, observations, margin)
+
+
+def ps_memory_from_fit(
+    fit: PSMemoryFit, num_ps: int, observations: Sequence[Observation] = (), margin: float = 1.2
+) -> float:
+    """As :func:`ps_memory_per_node_mib`, for a fit already made (fit once, size many)."""
     need = fit.per_ps_mib(num_ps)
     if observations and len(observations[-1].of(Role.PS)) == num_ps:
         # never below what the busiest PS already uses

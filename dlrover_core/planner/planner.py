@@ -21,7 +21,11 @@ from dlrover_core.model.throughput import (
 from dlrover_core.planner import scaling
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
-from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
+from dlrover_core.planner.memory_sizing import (
+    fit_ps_memory,
+    ps_memory_from_fit,
+    worker_memory_mib,
+)
 from dlrover_core.planner.post_scaling import post_scale
 from dlrover_core.planner.warm_start import initial_plan, similar_runs
 from dlrover_core.spec import JobSpec
@@ -30,7 +34,9 @@ from dlrover_core.types import HistoryRecord, Observation, ResourcePlan, Role, S
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
 
-def _default_factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
+def default_model_factory(
+    samples: Sequence[Sample], strategy: str, batch_size: int
+) -> ThroughputModel:
     """For PS jobs, the extended form (paper form + a light-load PS term, b4·B/λp) once six
     configurations identify it — it halves the held-out error on queueing-like data
     (tests/model) — and the paper's five-coefficient form before that."""
@@ -56,7 +62,7 @@ class Planner:
         spec: JobSpec,
         config: PlannerConfig | None = None,
         *,
-        model_factory: ModelFactory = _default_factory,
+        model_factory: ModelFactory = default_model_factory,
     ) -> None:
         self.spec = spec
         self.config = config or PlannerConfig.from_spec(spec)
@@ -188,8 +194,10 @@ class Planner:
         """``memory_from``: before the job runs, size memory from this (warm/cold) plan."""
         cfg, spec = self.config, self.spec
 
+        fit = fit_ps_memory(spec, observations)
+
         def ps_mem(p: int) -> int:
-            need = ps_memory_per_node_mib(spec, p, observations, cfg.ps_memory_margin)
+            need = ps_memory_from_fit(fit, p, observations, cfg.ps_memory_margin)
             if memory_from is not None and memory_from.ps.count > 0:
                 # same total over p PS, but never below 3/4 of a node of the base plan: each
                 # PS has a fixed part the base plan's total cannot tell apart

@@ -4,11 +4,14 @@ real master sees (samples, observations, exits, history)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from dlrover_core.errors import DLRoverError
 from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy, ps_oom_action
+from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
+from dlrover_core.planner.planner import default_model_factory
 from dlrover_core.sim.policies import JobView, RelaunchDecision, register_policy
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (
@@ -32,6 +35,27 @@ class _Job:
     last_sample_s: float = float("-inf")
 
 
+def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]:
+    """Refit only when the samples changed (a master refits on new samples, not per tick)."""
+    cache: dict[tuple[int, float | None], ThroughputModel | DLRoverError] = {}
+
+    def factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
+        key = (len(samples), samples[-1].timestamp_s if samples else None)
+        hit = cache.get(key)
+        if hit is None:
+            try:
+                hit = default_model_factory(samples, strategy, batch_size)
+            except DLRoverError as e:
+                hit = e
+            cache.clear()
+            cache[key] = hit
+        if isinstance(hit, DLRoverError):
+            raise hit
+        return hit
+
+    return factory
+
+
 class DLRoverRMPolicy:
     name = "dlrover-rm"
     interval_s: float | None = 60.0
@@ -48,7 +72,7 @@ class DLRoverRMPolicy:
         if st is None:
             spec = job_view_to_spec(job)
             cfg = self.config or PlannerConfig.from_spec(spec)
-            st = self._jobs[job.name] = _Job(Planner(spec, cfg))
+            st = self._jobs[job.name] = _Job(Planner(spec, cfg, model_factory=_cached_factory()))
         return st
 
     def initial_plan(

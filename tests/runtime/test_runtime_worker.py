@@ -5,7 +5,9 @@ a PS that dies and comes back elsewhere, a stop from the master, and the worker 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -286,7 +288,16 @@ def test_a_bad_spec_exits_1_with_one_line(
 ) -> None:
     wire.create_token(tmp_path)
     (tmp_path / SPEC_FILE).write_text(json.dumps({"name": "x", "model": {}}))
-    assert main(["--run-dir", str(tmp_path), "--node-id", "0", "--master", "127.0.0.1:1"]) == 1
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    sigs = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:  # main() sets up logging (to the captured stderr) and signals: put them back after
+        assert main(["--run-dir", str(tmp_path), "--node-id", "0", "--master", "127.0.0.1:1"]) == 1
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for s, h in sigs.items():
+            signal.signal(s, h)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "spec" in err[0] and "invalid" in err[0], err
     (tmp_path / SPEC_FILE).unlink()
