@@ -122,7 +122,7 @@ def find_stragglers(
         m = n - 1
         return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
 
-    pos = {}
+    pos: dict[float, int] = {}
     for k, v in enumerate(s):
         pos.setdefault(v, k)  # equal speeds share one yardstick: any of them left out
     return sorted(

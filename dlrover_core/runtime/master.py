@@ -594,10 +594,12 @@ class JobMaster:
         auc = None
         if ok:
             try:
-                from dlrover_core.runtime.evaluate import evaluate_on_ps
+                from dlrover_core.runtime.ps_client import PSClient
+                from dlrover_core.runtime.worker import evaluate_on_ps
 
                 addrs, _ = self.state.ps_set()
-                auc = evaluate_on_ps(self.spec, addrs, self.token)
+                with PSClient(addrs, self.token, self._tables()) as client:
+                    auc, _ = evaluate_on_ps(self.spec, client)
             except DLRoverError as e:
                 log.warning("evaluation failed: %s", e)
         for n in list(self.nodes.values()):

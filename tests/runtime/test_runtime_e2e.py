@@ -100,9 +100,10 @@ def test_killed_master_resumes_without_losing_or_repeating_a_shard(tmp_path: Pat
            "--run-dir", str(run), "--set", "data.rows=60000"]  # fmt: skip
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        st = run / "master.json"
-        if st.exists() and json.loads(st.read_text()).get("global_step", 0) > 20:
+    while time.monotonic() < deadline:  # kill it a third of the way through
+        tl = run / "timeline.jsonl"
+        lines = tl.read_text().splitlines() if tl.exists() else []
+        if lines and json.loads(lines[-1])["samples_done"] > 20_000:
             break
         time.sleep(0.5)
     os.kill(p.pid, signal.SIGKILL)
