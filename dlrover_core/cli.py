@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # torch probes pynvml (pulled in by the optional open-source DLRover); not our concern
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
     args = build_parser().parse_args(argv)
     if getattr(args, "jobs", 1) is not None and getattr(args, "jobs", 1) < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
