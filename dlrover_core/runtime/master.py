@@ -123,6 +123,7 @@ class JobMaster:
         self._server: Any = None
         self.started_s = clock()
         self.failure: str | None = None
+        self.launches: list[dict[str, Any]] = []
         self.heartbeat = HeartbeatPolicy(
             interval_s=spec.pacing.heartbeat_interval_s, dead_after_s=spec.pacing.dead_after_s
         )
@@ -213,6 +214,14 @@ class JobMaster:
         assert self.state is not None
         n.handle = self.backend.launch(self._node_spec(n, num_ps, restore_from))
         n.stopping_since = None
+        self.launches.append(
+            {
+                "time_s": self.clock(),
+                "node": f"{n.role.value}-{n.node_id}",
+                "incarnation": n.incarnation,
+                **n.resources.to_dict(),
+            }
+        )
         self.state.mark_node(
             n.role,
             n.node_id,
@@ -252,13 +261,21 @@ class JobMaster:
                 )
             time.sleep(0.1)
 
-    def _start_ps_set(self, plan: ResourcePlan, set_id: int, restore_from: Sequence[str]) -> None:
-        """Start PS set ``set_id`` (its own checkpoint directories) and point workers at it."""
+    def _start_ps_set(
+        self,
+        plan: ResourcePlan,
+        set_id: int,
+        restore_from: Sequence[str],
+        previous: Sequence[_Node] = (),
+    ) -> None:
+        """Start PS set ``set_id`` (its own checkpoint directories) and point workers at it.
+        ``previous``: the set it replaces (its nodes' incarnations continue)."""
         assert self.state is not None
         self._ps_set_id = set_id
         self.state.set_config({**self.state.config, "ps_set_id": set_id})
+        before = {n.node_id: n for n in previous}
         for i in range(plan.ps.count):
-            old = self.nodes.get((Role.PS, i))
+            old = self.nodes.get((Role.PS, i)) or before.get(i)
             n = _Node(Role.PS, i, plan.node_resources(Role.PS, i), ps_version=set_id)
             if old is not None:
                 n.incarnation = old.incarnation + 1
@@ -340,7 +357,7 @@ class JobMaster:
         # the old processes keep serving until the new set is up
         for n in old_nodes:
             self.nodes.pop((Role.PS, n.node_id), None)
-        self._start_ps_set(new, self._ps_set_id + 1, restore)
+        self._start_ps_set(new, self._ps_set_id + 1, restore, old_nodes)
         self._ps_switch = {"old": old_nodes, "since": self.clock()}
 
     def _finish_ps_switch(self) -> None:
@@ -436,7 +453,9 @@ class JobMaster:
         now = self.clock()
         for role, node_id in self.state.dead_nodes(now, self.heartbeat):
             n = self.nodes.get((role, node_id))
-            if n is None or n.handle is None:
+            # PS do not heartbeat: the backend sees their exits and workers report them
+            # unreachable; heartbeats judge workers only
+            if role is not Role.WORKER or n is None or n.handle is None:
                 continue
             log.warning("%s-%d missed its heartbeats: killing it", role.value, node_id)
             self.backend.kill(n.handle)
@@ -451,8 +470,10 @@ class JobMaster:
         obs = self.state.observation(now, self._allocated())
         self.observations.append(obs)
         del self.observations[:-200]
-        running = [n for n in obs.of(Role.WORKER)]
+        running = obs.of(Role.WORKER)
         stable_s = self.spec.pacing.sample_window_s
+        if len(running) < self.plan.workers.count:
+            self._config_since = now  # a speed sample starts when every worker is up
         if (
             len(running) == self.plan.workers.count
             and now - self._config_since >= stable_s
@@ -614,6 +635,7 @@ class JobMaster:
             auc=auc,
             failure=self.failure,
             wall_s=self.clock() - self.started_s,
+            launches=self.launches,
         )
 
 

@@ -34,6 +34,7 @@ def write_report(
     auc: float | None,
     failure: str | None,
     wall_s: float,
+    launches: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     q = state.shards
     counts = q.counts()
@@ -71,6 +72,13 @@ def write_report(
             for p in state.plans
         ],
         "faults": list(state.faults),
+        "launches": list(launches or []),
+        "first_shard_taken_s": _first_takes(state),
+        "registered_at_s": {
+            f"{r.role.value}-{r.node_id}": r.registered_at_s
+            for r in state.nodes.values()
+            if r.registered_at_s is not None
+        },
     }
     atomic_write_json(run_dir / "report.json", report)
     plot_report(run_dir, timeline, report)
@@ -111,3 +119,17 @@ def plot_report(run_dir: Path, timeline: list[dict[str, Any]], report: dict[str,
     fig.tight_layout()
     fig.savefig(run_dir / "report.png", dpi=80)
     plt.close(fig)
+
+
+def _first_takes(state: MasterState) -> dict[str, float]:
+    """When each worker took its first shard (for the elasticity check)."""
+    import sqlite3
+
+    con = sqlite3.connect(state.shards.path)
+    try:
+        rows = con.execute(
+            "SELECT done_by, MIN(taken_at) FROM shards WHERE done_by IS NOT NULL GROUP BY done_by"
+        ).fetchall()
+    finally:
+        con.close()
+    return {f"worker-{w}": float(t) for w, t in rows if t is not None}

@@ -113,3 +113,33 @@ def test_killed_master_resumes_without_losing_or_repeating_a_shard(tmp_path: Pat
     report = json.loads((run / "report.json").read_text())
     check_exactly_once(report)
     assert report["master_starts"] == 2
+
+
+def test_planner_adds_a_ps_and_a_worker_while_the_job_runs(tmp_path: Path) -> None:
+    """Real planner, small pacing: its sampling stage adds a PS (the PS set is re-sharded from
+    checkpoints) and then a worker. CPUs are pinned so no worker is resized (a resize would
+    restart it); worker-0 must never restart and the new worker must start work quickly."""
+    overrides = [
+        "data.rows=500000",
+        "pacing.sample_window_s=1.5",
+        "pacing.min_speed_samples=2",
+        "pacing.replan_interval_s=3",
+        "pacing.heartbeat_interval_s=0.5",
+        "quota.cpu=4",
+        "constraints.workers.max=3",
+        "constraints.workers.cpu=1",
+        "constraints.ps.cpu=1",
+    ]
+    report = api.train(SMALL, overrides=overrides, run_dir=tmp_path / "run", progress=False)
+    check_exactly_once(report)
+    ps_counts = [p["ps"]["count"] for p in report["plans"]]
+    worker_counts = [p["workers"]["count"] for p in report["plans"]]
+    assert max(ps_counts) >= 2, report["plans"]
+    assert max(worker_counts) >= 2, report["plans"]
+    assert ps_counts.index(max(ps_counts)) < worker_counts.index(max(worker_counts))
+    launches = [x["node"] for x in report["launches"]]
+    assert launches.count("worker-0") == 1  # never restarted
+    assert not report["faults"]
+    up = report["registered_at_s"]["worker-1"]
+    first = report["first_shard_taken_s"]["worker-1"]
+    assert first - up < 5.0, f"worker-1 took its first shard {first - up:.1f} s after start"
