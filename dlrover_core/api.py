@@ -148,3 +148,22 @@ def status(run_dir: str | Path) -> dict[str, Any]:
     from dlrover_core.runtime.job import read_status
 
     return read_status(run_dir)
+
+
+def profile(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    out: str | Path | None = None,
+    n_configs: int = 6,
+) -> dict[str, Any]:
+    """Short real trials at the planner's sampling configurations; the samples CSV is written
+    to ``out`` (the model's input). Returns {"samples": [...], "trials": [...], "out": ...}."""
+    from dlrover_core.model.samples_io import samples_to_csv, write_samples_csv
+    from dlrover_core.runtime.profiler import profile as run_profile
+
+    js = resolve_spec(spec, overrides)
+    samples, trials = run_profile(js, n_configs=n_configs)
+    if out is not None:
+        write_samples_csv(out, samples)
+    return {"csv": samples_to_csv(samples), "trials": trials, "out": str(out) if out else None}

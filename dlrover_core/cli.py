@@ -98,6 +98,22 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0 if report["state"] == "succeeded" else 1
 
 
+def cmd_profile(a: argparse.Namespace) -> int:
+    res = api.profile(a.spec, overrides=a.overrides, out=a.out, n_configs=a.configs)
+    for t in res["trials"]:
+        tput = "no steady window" if t["throughput"] is None else f"{t['throughput']:,.0f}/s"
+        print(
+            f"  {t['workers']} worker(s) x {t['worker_cpu']:g} CPU, {t['ps']} PS x "
+            f"{t['ps_cpu']:g} CPU: {tput}  ({t['why']})",
+            file=sys.stderr,
+        )
+    if a.out:
+        print(f"samples written to {a.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(res["csv"])
+    return 0
+
+
 def cmd_status(a: argparse.Namespace) -> int:
     _write_json(api.status(a.run_dir), None)
     return 0
@@ -165,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--history", help="run history for warm start (JSON export of run records)")
     t.set_defaults(func=cmd_train)
+
+    pf = sub.add_parser("profile", help="short real trials -> samples CSV for the model")
+    _spec_args(pf)
+    pf.add_argument("--out", help="samples CSV to write (default: stdout)")
+    pf.add_argument("--configs", type=int, default=6, help="how many configurations to try")
+    pf.set_defaults(func=cmd_profile)
 
     st = sub.add_parser("status", help="the status of a run (JSON)")
     st.add_argument("--run-dir", required=True)

@@ -95,6 +95,7 @@ class JobMaster:
         tick_s: float = 0.5,
         on_tick: Callable[[JobMaster], None] | None = None,
         host: str = "127.0.0.1",
+        replan: bool = True,
     ) -> None:
         self.spec = spec
         self.run_dir = Path(run_dir)
@@ -117,6 +118,8 @@ class JobMaster:
         self._last_replan_s = 0.0
         self._ps_switch: dict[str, Any] | None = None
         self._ps_set_id = 1
+        self._ps_client: Any = None
+        self._ps_client_version = -1
         self.state: MasterState | None = None
         self.token = ""
         self.address = ""
@@ -124,6 +127,8 @@ class JobMaster:
         self.started_s = clock()
         self.failure: str | None = None
         self.launches: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None  # set (e.g. by on_tick) to end the job early
+        self.replan_enabled = replan
         self.heartbeat = HeartbeatPolicy(
             interval_s=spec.pacing.heartbeat_interval_s, dead_after_s=spec.pacing.dead_after_s
         )
@@ -464,9 +469,40 @@ class JobMaster:
     def _allocated(self) -> dict[NodeKey, NodeResources]:
         return {k: n.resources for k, n in self.nodes.items() if n.handle is not None}
 
+    def _measure_ps(self) -> None:
+        """PS processes do not heartbeat: measure their CPU and memory through the backend and
+        their embedding rows (distinct IDs) through their Stats RPC."""
+        assert self.state is not None
+        rows: dict[int, float] = {}
+        addrs, version = self.state.ps_set()
+        try:
+            if self._ps_client is None or self._ps_client_version != version:
+                from dlrover_core.runtime.ps_client import PSClient
+
+                if self._ps_client is not None:
+                    self._ps_client.close()
+                self._ps_client = PSClient(addrs, self.token, self._tables(), timeout_s=5.0)
+                self._ps_client_version = version
+            for st in self._ps_client.stats():
+                rows[int(st["index"])] = float(st["rows"])
+        except DLRoverError as e:
+            log.debug("PS stats unavailable: %s", e)
+        for (role, node_id), n in self.nodes.items():
+            if role is not Role.PS or n.handle is None:
+                continue
+            u = self.backend.usage(n.handle)
+            stats: dict[str, float] = {}
+            if u is not None:
+                stats.update(cpu_percent=u.cpu_percent, rss_mib=u.rss_mib)
+            if node_id in rows:
+                stats["rows"] = rows[node_id]
+            if stats:
+                self.state.record_node_stats(Role.PS, node_id, stats)
+
     def _observe(self) -> Observation:
         assert self.state is not None and self.plan is not None
         now = self.clock()
+        self._measure_ps()
         obs = self.state.observation(now, self._allocated())
         self.observations.append(obs)
         del self.observations[:-200]
@@ -549,9 +585,13 @@ class JobMaster:
                 self._finish_ps_switch()
                 counts = self.state.shards.counts()
                 if counts["todo"] == 0 and counts["doing"] == 0:
+                    if counts["failed"]:
+                        self.failure = (
+                            f"{counts['failed']} shard(s) failed on every attempt; see the "
+                            "worker logs, fix the data or code, and resume with the same run dir"
+                        )
                     break
-                if counts["todo"] == 0 and counts["doing"] == 0 and counts["failed"]:
-                    self.failure = f"{counts['failed']} shard(s) failed {3} times"
+                if self.stop_reason is not None:
                     break
                 if not any(
                     n.handle is not None for n in self.nodes.values() if n.role is Role.WORKER
@@ -561,7 +601,8 @@ class JobMaster:
                 now = self.clock()
                 if now >= next_obs:
                     self._observe()
-                    self._replan()
+                    if self.replan_enabled:
+                        self._replan()
                     next_obs = now + max(self.spec.pacing.heartbeat_interval_s, self.tick_s)
                 if self.on_tick is not None:
                     self.on_tick(self)
@@ -613,7 +654,7 @@ class JobMaster:
         ok = self.failure is None
         self.state.set_job_state("evaluating" if ok else "failed")
         auc = None
-        if ok:
+        if ok and self.stop_reason is None:
             try:
                 from dlrover_core.runtime.ps_client import PSClient
                 from dlrover_core.runtime.worker import evaluate_on_ps
@@ -623,11 +664,18 @@ class JobMaster:
                     auc, _ = evaluate_on_ps(self.spec, client)
             except DLRoverError as e:
                 log.warning("evaluation failed: %s", e)
+        if self._ps_client is not None:
+            self._ps_client.close()
         for n in list(self.nodes.values()):
             if n.handle is not None:
                 self.backend.stop(n.handle, grace_s=5.0)
+            self.state.mark_node(
+                n.role, n.node_id, NodeState.SUCCEEDED if ok else NodeState.DELETED
+            )
         self.backend.shutdown()
-        self.state.set_job_state("succeeded" if ok else "failed")
+        self.state.set_job_state(
+            "failed" if not ok else ("stopped" if self.stop_reason else "succeeded")
+        )
         return write_report(
             self.run_dir,
             self.state,
@@ -636,6 +684,7 @@ class JobMaster:
             failure=self.failure,
             wall_s=self.clock() - self.started_s,
             launches=self.launches,
+            stopped=self.stop_reason,
         )
 
 

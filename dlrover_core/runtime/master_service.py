@@ -367,6 +367,14 @@ class MasterState:
             self.metrics_log.append(entry)
             return self.global_step
 
+    def record_node_stats(self, role: Role, node_id: int, stats: Mapping[str, float]) -> None:
+        """Stats the control loop measured itself (e.g. a PS's CPU, memory and rows, which PS
+        processes do not heartbeat)."""
+        with self._lock:
+            now = self._clock()
+            rec = self._node(Role(role), node_id, now)
+            self._absorb(rec, stats, now)
+
     def _registered(self, role: Role, node_id: int) -> NodeRecord:
         rec = self.nodes.get((role, node_id))
         if rec is None or rec.registered_at_s is None:

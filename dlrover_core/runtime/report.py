@@ -35,6 +35,7 @@ def write_report(
     failure: str | None,
     wall_s: float,
     launches: list[dict[str, Any]] | None = None,
+    stopped: str | None = None,
 ) -> dict[str, Any]:
     q = state.shards
     counts = q.counts()
@@ -45,7 +46,8 @@ def write_report(
     report: dict[str, Any] = {
         "job": spec.name,
         "signature": spec.signature_key,
-        "state": "succeeded" if failure is None else "failed",
+        "state": "failed" if failure is not None else ("stopped" if stopped else "succeeded"),
+        "stopped": stopped,
         "failure": failure,
         "samples_total": q.samples_total,
         "samples_done": q.samples_done,

@@ -1,0 +1,107 @@
+"""Profiling: short real trials at the configurations the planner's sampling stage asks for,
+each measured in steady windows, written as samples (the model's input)."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dlrover_core.planner import Planner
+from dlrover_core.planner.scaling import plan_key, sampling_candidates
+from dlrover_core.spec import JobSpec, load_spec, spec_to_dict
+from dlrover_core.types import ResourcePlan, Sample, Stage
+
+
+def profile_configs(spec: JobSpec, n: int = 6) -> list[ResourcePlan]:
+    """The cold-start plan and the sampling moves from it, distinct and inside the quota."""
+    planner = Planner(spec)
+    base = planner.initial_plan()
+    plans = [base]
+    seen = {plan_key(base)}
+    for w, p, what in sampling_candidates(base, planner.bounds, planner.config, ()):
+        w2, p2, notes = planner.bounds.fit(w, p)
+        cand = base.replace(workers=w2, ps=p2, stage=Stage.SAMPLING, reasons=(what,))
+        if plan_key(cand) in seen or "shrunk" in " ".join(notes):
+            continue
+        seen.add(plan_key(cand))
+        plans.append(cand)
+        if len(plans) >= n:
+            break
+    return plans
+
+
+def run_trial(
+    spec: JobSpec, plan: ResourcePlan, run_dir: Path, windows: int = 4, max_s: float = 90.0
+) -> Sample | None:
+    """Run ``plan`` (no re-planning) until ``windows`` steady speed samples are taken; the
+    median of them is the trial's sample (None: no steady window within ``max_s``)."""
+    import time
+
+    from dlrover_core.runtime.backend_local import LocalBackend
+    from dlrover_core.runtime.master import JobMaster
+
+    t0 = time.monotonic()
+
+    def enough(m: JobMaster) -> None:
+        if len(m.samples) >= windows:
+            m.stop_reason = "profiling trial measured"
+        elif time.monotonic() - t0 > max_s:
+            m.stop_reason = "profiling trial timed out"
+
+    master = JobMaster(spec, run_dir, LocalBackend(), plan=plan, on_tick=enough, replan=False)
+    master.run()
+    got = master.samples[-windows:]
+    if not got:
+        return None
+    med = statistics.median(s.throughput_sps for s in got)
+    return Sample(
+        workers=plan.workers.count,
+        ps=plan.ps.count,
+        worker_cpu_cores=plan.workers.resources.cpu_cores,
+        ps_cpu_cores=plan.ps.resources.cpu_cores,
+        throughput_sps=med,
+        batch_size=spec.training.batch_size,
+        worker_memory_mib=max((s.worker_memory_mib or 0) for s in got) or None,
+        ps_memory_mib=max((s.ps_memory_mib or 0) for s in got) or None,
+        ps_cpu_util=statistics.median(s.ps_cpu_util or 0 for s in got),
+        worker_cpu_util=statistics.median(s.worker_cpu_util or 0 for s in got),
+        timestamp_s=got[-1].timestamp_s,
+    )
+
+
+def profile(
+    spec: JobSpec,
+    *,
+    configs: Sequence[ResourcePlan] | None = None,
+    n_configs: int = 6,
+    windows: int = 4,
+    work_dir: str | Path | None = None,
+) -> tuple[list[Sample], list[dict[str, Any]]]:
+    """Trials at ``configs`` (default: :func:`profile_configs`). Returns the samples and a
+    note per trial. Trials use a short sample window so that each takes seconds."""
+    trial_spec = load_spec(
+        spec_to_dict(spec),
+        ["pacing.sample_window_s=1.0", "pacing.heartbeat_interval_s=0.5"],
+    )
+    plans = list(configs) if configs is not None else profile_configs(trial_spec, n_configs)
+    samples: list[Sample] = []
+    notes: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        for i, plan in enumerate(plans):
+            s = run_trial(trial_spec, plan, Path(tmp) / f"trial-{i}", windows)
+            notes.append(
+                {
+                    "workers": plan.workers.count,
+                    "ps": plan.ps.count,
+                    "worker_cpu": plan.workers.resources.cpu_cores,
+                    "ps_cpu": plan.ps.resources.cpu_cores,
+                    "throughput": s.throughput_sps if s else None,
+                    "why": plan.reasons[0] if plan.reasons else "",
+                }
+            )
+            if s is not None:
+                samples.append(s)
+    return samples, notes
