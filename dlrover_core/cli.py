@@ -120,20 +120,28 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    print("== dlrover-rm demo: plan the example job, then simulate a shared cluster ==\n")
-    print(f"-- 1. plan {EXAMPLE_SPEC.name} (cold start: no history yet)")
-    res = api.plan(str(EXAMPLE_SPEC))
+    from dlrover_core.sim.runner import format_table
     from dlrover_core.types import ResourcePlan
 
+    print("== dlrover-rm demo: plan, train for real, then simulate a shared cluster ==\n")
+    print(f"-- 1. plan {EXAMPLE_SPEC.name} (no history yet: cold start)")
+    res = api.plan(str(EXAMPLE_SPEC))
     print(ResourcePlan.from_dict(res).describe())
+    print(f"\n-- 2. train {EXAMPLE_SPEC.name}: job master, PS and worker processes over gRPC")
+    report = api.train(str(EXAMPLE_SPEC), plan=res, run_dir=a.run_dir)
     print(
-        f"\n-- 2. simulate {a.jobs} DLRM jobs on a shared CPU cluster, "
+        f"{report['state']}: {report['samples_done']:,} samples in {report['wall_s']:.1f} s, "
+        f"held-out AUC {report['auc'] or float('nan'):.3f}, shards {report['shards_done']}/"
+        f"{report['shards_total']} done exactly once (twice: {report['shards_completed_twice']},"
+        f" lost: {report['shards_lost']})"
+    )
+    print(f"report: {report['run_dir']}/report.json and report.png")
+    print(
+        f"\n-- 3. simulate {a.jobs} DLRM jobs on a shared CPU cluster, "
         "every policy on the same trace"
     )
-    from dlrover_core.sim.runner import format_table
-
     print(format_table(api.simulate(a.jobs, a.seed, None)))
-    return 0
+    return 0 if report["state"] == "succeeded" else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
 
     d = sub.add_parser("demo", help="the example, end to end, on the embedded defaults")
-    d.add_argument("--jobs", type=int, default=300)
+    d.add_argument("--jobs", type=int, default=200)
+    d.add_argument("--run-dir", default=None, help="where the demo's training run goes")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_demo)
     return ap
