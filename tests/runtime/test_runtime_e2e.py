@@ -120,8 +120,8 @@ def test_planner_adds_a_ps_and_a_worker_while_the_job_runs(tmp_path: Path) -> No
     checkpoints) and then a worker. CPUs are pinned so no worker is resized (a resize would
     restart it); worker-0 must never restart and the new worker must start work quickly."""
     overrides = [
-        "data.rows=500000",
-        "pacing.sample_window_s=1.5",
+        "data.rows=1000000",
+        "pacing.sample_window_s=1.0",
         "pacing.min_speed_samples=2",
         "pacing.replan_interval_s=3",
         "pacing.heartbeat_interval_s=0.5",
