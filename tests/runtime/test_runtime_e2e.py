@@ -75,7 +75,14 @@ class Killer:
 
 
 def test_faults_worker_kill_ps_kill_and_worker_oom(tmp_path: Path) -> None:
-    spec = load_spec(SMALL, ["data.rows=60000"])
+    """SIGKILL a worker (its shards go back, it is relaunched), SIGKILL a PS (relaunched from
+    its checkpoint; workers wait and resume), and start a worker below its memory need (it
+    ends as an OOM and is relaunched bigger). The job completes, every shard exactly once,
+    and the AUC stays close to a fault-free run of the same job (asynchronous SGD makes two
+    fault-free runs differ by ~0.006 AUC here; faults measured ~0.001 from their mean)."""
+    spec = load_spec(SMALL, ["data.rows=250000"])
+    clean = JobMaster(spec, tmp_path / "clean", LocalBackend(), plan=_plan(2), tick_s=0.2).run()
+    check_exactly_once(clean)
     killer = Killer([(0.2, Role.WORKER, 0), (0.45, Role.PS, 0)])
     # worker 1 starts with too little memory: it ends as an OOM and is relaunched bigger
     plan = _plan(2).replace(
@@ -91,7 +98,8 @@ def test_faults_worker_kill_ps_kill_and_worker_oom(tmp_path: Path) -> None:
     oom = next(f for f in report["faults"] if f["exit_class"] == "oom")
     assert oom["resources"]["memory_mib"] >= 400  # the OOM bump: 2 × 200 MiB at least
     assert len(killer.done) == 2
-    assert report["auc"] is not None and report["auc"] > 0.6
+    assert report["auc"] is not None and clean["auc"] is not None
+    assert abs(report["auc"] - clean["auc"]) <= 0.02, (report["auc"], clean["auc"])
 
 
 def test_killed_master_resumes_without_losing_or_repeating_a_shard(tmp_path: Path) -> None:
