@@ -44,17 +44,31 @@ def cold_start(spec: JobSpec, cfg: PlannerConfig, now_s: float) -> ResourcePlan:
     cpu = min(int(q.cpu_millicores * cfg.cold_fraction), cfg.cold_max_cpu_millicores)
     mem = min(int(q.memory_mib * cfg.cold_fraction), cfg.cold_max_memory_mib)
     w_mem = max(mem, worker_memory_mib(spec))
-    p_mem = max(mem, ceil_mib(ps_memory_per_node_mib(spec, 1, margin=cfg.ps_memory_margin)))
+
+    def need(p: int) -> int:
+        return ceil_mib(ps_memory_per_node_mib(spec, p, margin=cfg.ps_memory_margin))
+
+    # as many PS as it takes for the expected parameters to fit the largest PS node
+    n_ps = spec.min_ps
+    while 0 < n_ps < bounds.ps.max_count and need(n_ps) > bounds.ps.max_memory_mib:
+        n_ps += 1
+    p_mem = max(mem, need(n_ps)) if n_ps else 0
     workers = RolePlan(1, NodeResources(cpu, w_mem))
-    ps = RolePlan(spec.min_ps, NodeResources(cpu, p_mem))
+    ps = RolePlan(n_ps, NodeResources(cpu, p_mem))
     workers, ps, notes = bounds.fit(workers, ps)
     reasons = [
         f"cold start: no successful run of signature {spec.signature_key!r} in the history "
         f"window; DLRover's default of 1 worker + {spec.min_ps} PS at min(quota/5, 16 CPU / 8 GiB)",
-        f"PS memory sized for ~{ps_memory_per_node_mib(spec, ps.count):,.0f} MiB of parameters "
+        f"PS memory sized for ~{ps_memory_per_node_mib(spec, max(ps.count, 1)):,.0f} MiB per PS "
         "at the end of training (spec's embedding tables, × margin)",
         *notes,
     ]
+    if n_ps > spec.min_ps:
+        reasons.insert(
+            1,
+            f"{n_ps} PS so that the expected embedding rows fit the largest PS node "
+            f"({bounds.ps.max_memory_mib} MiB)",
+        )
     return ResourcePlan(workers, ps, Stage.COLD_START, tuple(reasons), created_at_s=now_s)
 
 
