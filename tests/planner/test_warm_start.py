@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dlrover_core.errors import SpecError
 from dlrover_core.planner import Planner, PlannerConfig, major_cluster_mean
-from dlrover_core.planner.warm_start import similar_runs
+from dlrover_core.planner.warm_start import cold_start, similar_runs
 from dlrover_core.types import HistoryRecord, NodeResources, Stage
 from tests.factories import make_plan, make_spec
 
@@ -336,3 +336,20 @@ def test_initial_plan_respects_quota_bounds_and_pins(
         else:
             assert rp.resources.memory_mib <= c.max_memory_mib
     assert math.isfinite(plan.total.cpu_cores)
+
+
+def test_cold_start_adds_ps_until_the_expected_rows_fit_a_node() -> None:
+    """The production example expects ~67 GiB of parameters per single PS (× margin); with
+    64 GiB nodes at most, the cold start takes 2 PS of ~34 GiB each."""
+    from pathlib import Path
+
+    from dlrover_core.spec import load_spec
+
+    spec = load_spec(
+        Path(__file__).resolve().parents[2] / "pipelines" / "specs" / "ctr-production.yaml"
+    )
+    plan = cold_start(spec, PlannerConfig.from_spec(spec), 0.0)
+    assert plan.ps.count == 2
+    assert plan.ps.resources.memory_mib <= 65536
+    assert "2 PS so that the expected embedding rows fit" in plan.reasons[1]
+    assert plan.total.fits_in(spec.quota.resources)
