@@ -121,8 +121,7 @@ class DLRoverRMPolicy:
         relaunches: int,
     ) -> RelaunchDecision:
         st = self._job(job)
-        fe = exit_class
-        if role is Role.PS and fe is ExitClass.OOM and len(st.ps_memory_seen) > 1:
+        if role is Role.PS and exit_class is ExitClass.OOM and len(st.ps_memory_seen) > 1:
             act = ps_oom_action(list(st.ps_memory_seen.values()), self.faults)
             new_ps = act.apply(plan.ps, memory_cap_mib=self.faults.oom_cap_mib)
             if new_ps.count > plan.ps.count and not (
@@ -138,7 +137,9 @@ class DLRoverRMPolicy:
                 )
                 st.plans.append(new)
                 return RelaunchDecision(True, None, new, act.reason)
-        d = self.faults.decide(role, fe, current, plan.node_resources(role, node_id), relaunches)
+        d = self.faults.decide(
+            role, exit_class, current, plan.node_resources(role, node_id), relaunches
+        )
         if not d.relaunch:
             return RelaunchDecision(False, None, None, d.reason)
         return RelaunchDecision(True, d.resources, None, d.reason)
