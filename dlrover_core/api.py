@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlrover_core.errors import InputError
+from dlrover_core.errors import InputError, StoreUnavailableError
 from dlrover_core.history.records import read_history_json
 from dlrover_core.model.samples_io import read_configs_csv, read_samples_csv
 from dlrover_core.model.throughput import fit_throughput_model, model_from_dict
@@ -19,6 +20,8 @@ from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.types import HistoryRecord, Sample
 
 SpecLike = str | Path | Mapping[str, Any] | JobSpec
+
+log = logging.getLogger(__name__)
 
 
 def resolve_spec(spec: SpecLike, overrides: Iterable[str] = ()) -> JobSpec:
@@ -31,17 +34,48 @@ def resolve_spec(spec: SpecLike, overrides: Iterable[str] = ()) -> JobSpec:
     return load_spec(spec, overrides)
 
 
-def load_history(url: str | None) -> list[HistoryRecord]:
-    """Records for warm start. Accepts a JSON export (``path.json`` or ``file://path.json``)."""
-    if not url:
+def load_history(
+    url: str | None, spec: JobSpec | None = None, now_s: float | None = None
+) -> list[HistoryRecord]:
+    """Records for warm start.
+
+    A JSON export (``path.json`` or ``file://path.json``) is read as is. Anything else is a
+    history store URL (SQLAlchemy); with no URL, the spec's ``history.url`` or the default store
+    (only when a spec says which signature to look for). With a spec, the store returns the
+    successful runs of its signature in its ``pacing.history_window_s``. An unreachable store
+    logs a warning and gives no records: planning then starts cold.
+    """
+    if url:
+        path = url.removeprefix("file://")
+        if path.endswith(".json"):
+            return read_history_json(path)
+    elif spec is None:
         return []
-    path = url.removeprefix("file://")
-    if path.endswith(".json"):
-        return read_history_json(path)
-    raise InputError(
-        f"history {url!r}: this version reads a JSON export of run records "
-        "(path ending in .json); pass one, or omit --history for a cold start"
-    )
+    from dlrover_core.history.store import HistoryStore
+
+    store_url = url or (spec.history.url if spec is not None else None)
+    try:
+        store = HistoryStore(store_url)
+        try:
+            if spec is None:
+                return _all_records(store)
+            return store.similar(
+                spec.signature_key,
+                now_s if now_s is not None else time.time(),
+                spec.pacing.history_window_s,
+            )
+        finally:
+            store.close()
+    except StoreUnavailableError as e:
+        log.warning("%s; planning without history (cold start)", e)
+        return []
+
+
+def _all_records(store: Any) -> list[HistoryRecord]:
+    """Every successful run in the store, for callers that give no spec to filter by."""
+    sigs = {r["signature"] for r in store.runs(limit=1000) if r["succeeded"]}
+    now = time.time()
+    return [r for s in sorted(sigs) for r in store.similar(s, now, now)]
 
 
 def plan(
@@ -55,7 +89,7 @@ def plan(
     """Stage 1 (and stage 2 when ``samples`` identify the model): the plan as a dict."""
     js = resolve_spec(spec, overrides)
     smp = read_samples_csv(samples) if isinstance(samples, (str, Path)) else list(samples or [])
-    recs = load_history(history)
+    recs = load_history(history, js, now_s)
     t0 = time.perf_counter()
     p = Planner(js).offline_plan(smp, recs, now_s if now_s is not None else time.time())
     out = p.to_dict()
@@ -141,7 +175,14 @@ def train(
             raise InputError(
                 f"plan file {str(pp)!r} is not a plan written by `dlrover-rm plan`: {e}"
             ) from None
-    return run_job(js, plan=rp, run_dir=run_dir, history=load_history(history), progress=progress)
+    return run_job(
+        js,
+        plan=rp,
+        run_dir=run_dir,
+        history=load_history(history, js),
+        progress=progress,
+        history_url=history,
+    )
 
 
 def status(run_dir: str | Path) -> dict[str, Any]:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from dlrover_core.errors import DLRoverError, InputError
+from dlrover_core.errors import DLRoverError, InputError, StoreUnavailableError
 from dlrover_core.spec import JobSpec, parse_spec
 from dlrover_core.types import HistoryRecord, ResourcePlan, Role
+
+log = logging.getLogger(__name__)
 
 
 def default_run_dir(spec: JobSpec) -> Path:
@@ -59,6 +63,7 @@ def train(
     run_dir: str | Path | None = None,
     history: list[HistoryRecord] | None = None,
     progress: bool = True,
+    history_url: str | None = None,
 ) -> dict[str, Any]:
     from dlrover_core.runtime.backend_local import LocalBackend
     from dlrover_core.runtime.master import JobMaster
@@ -81,7 +86,53 @@ def train(
     if progress:
         sys.stderr.write("\n")
     report["run_dir"] = str(rd)
+    report["samples"] = [dataclasses.asdict(s) for s in master.samples]
+    report["history_run_id"] = None
+    if report.get("state") == "succeeded" and master.plan is not None:
+        report["history_run_id"] = record_history(spec, report, master, history_url)
     return report
+
+
+def run_peaks(observations: Any) -> dict[str, int | None]:
+    """Peak CPU and memory used by one worker and by one PS over the run."""
+    out: dict[str, int | None] = {}
+    for role, name in ((Role.WORKER, "worker"), (Role.PS, "ps")):
+        nodes = [n for o in observations for n in o.nodes if n.role is role]
+        out[f"{name}_cpu_used_millicores"] = max(
+            (n.cpu_used_millicores for n in nodes), default=None
+        )
+        out[f"{name}_memory_used_mib"] = max((n.memory_used_mib for n in nodes), default=None)
+    return out
+
+
+def record_history(
+    spec: JobSpec, report: dict[str, Any], master: Any, history_url: str | None = None
+) -> int | None:
+    """Record a finished run in the history store (``history_url`` unless it is a JSON export,
+    else the spec's ``history.url`` or the default). A store failure only warns."""
+    from dlrover_core.history.store import HistoryStore
+    from dlrover_core.spec import spec_to_dict
+
+    url = history_url
+    if url and url.removeprefix("file://").endswith(".json"):
+        url = None
+    store = None
+    try:
+        store = HistoryStore(url or spec.history.url)
+        return store.record_run(
+            spec_to_dict(spec),
+            spec.signature_key,
+            report,
+            master.plan,
+            list(master.samples),
+            run_peaks(master.observations),
+        )
+    except StoreUnavailableError as e:
+        log.warning("run not recorded in the history: %s", e)
+        return None
+    finally:
+        if store is not None:
+            store.close()
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
