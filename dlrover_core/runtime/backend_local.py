@@ -455,7 +455,11 @@ class LocalBackend:
         if len(node.samples) < 2:
             return 0.0
         (t0, c0), (t1, c1) = node.samples[0], node.samples[-1]
-        return max(0.0, (c1 - c0) / (t1 - t0) * 100.0) if t1 > t0 else 0.0
+        if t1 - t0 < 0.2:  # too short a window to mean anything
+            return 0.0
+        # a member process first seen brings its past CPU time: never report more than the
+        # machine has
+        return min(100.0 * (os.cpu_count() or 1), max(0.0, (c1 - c0) / (t1 - t0) * 100.0))
 
     def _group_exists(self, node: _Node) -> bool:
         """Whether signalling the group id is safe: the leader is unreaped (our child) or

@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -567,6 +569,10 @@ class JobMaster:
         """Run the job to its end; returns the report (also written to the run directory)."""
         self._prepare()
         assert self.state is not None
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM (e.g. an orchestrator cancelling the step) ends the job cleanly: nodes
+            # stopped, state "stopped", a report written; the run dir can be resumed later
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             if self.state.restored and self.state.plans:
                 self._resume()
@@ -612,6 +618,9 @@ class JobMaster:
             if self._server is not None:
                 self._server.stop(grace=1.0)
             self.state.close()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.stop_reason = "terminated (SIGTERM)"
 
     def _resume(self) -> None:
         """A new master on the run dir of a previous one: adopt its nodes, relaunch the lost."""

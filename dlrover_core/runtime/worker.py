@@ -335,7 +335,8 @@ class _Usage:
     def sample(self) -> tuple[float, float]:
         now = time.monotonic()
         times = self._cpu_times()
-        used = sum(t - self._last.get(pid, 0.0) for pid, t in times.items())
+        # a process first seen now brings its whole past CPU time: count only known ones
+        used = sum(t - self._last[pid] for pid, t in times.items() if pid in self._last)
         dt = max(now - self._last_t, 1e-6)
         self._last, self._last_t = times, now
         rss = 0
@@ -344,7 +345,8 @@ class _Usage:
                 rss += int(p.memory_info().rss)
             except self._psutil.Error:
                 continue
-        return max(0.0, 100.0 * used / dt), rss / 2**20
+        cap = 100.0 * (os.cpu_count() or 1)
+        return min(cap, max(0.0, 100.0 * used / dt)), rss / 2**20
 
 
 class _Rate:

@@ -1,0 +1,3 @@
+from .component import dlrover_plan
+
+__all__ = ["dlrover_plan"]

@@ -1,0 +1,75 @@
+"""KFP component: plan a DLRM job's resources (a shell over dlrover_core.api)."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Output
+
+BASE_IMAGE = "dlrover-rm:0.1.0"
+
+
+@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+def dlrover_plan(
+    spec_yaml: str,
+    plan: Output[Artifact],
+    samples: Input[Dataset] = None,
+    overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
+    history: str = "",
+) -> NamedTuple(
+    "PlanOutputs",
+    [
+        ("workers", int),
+        ("worker_cpu", str),
+        ("worker_memory", str),
+        ("ps", int),
+        ("ps_cpu", str),
+        ("ps_memory", str),
+        ("train_cpu", str),
+        ("train_memory", str),
+    ],
+):
+    """Plan workers and parameter servers (count, CPU, memory) for the job.
+
+    Args:
+        spec_yaml: The job spec as YAML text.
+        plan: Output. The plan as JSON (what `dlrover-rm plan --out` writes).
+        samples: Optional samples CSV from the profile step; without it, a cold-start plan.
+        overrides: `path.to.field=value` overrides applied to the spec (as `--set`).
+        history: Optional run-history URL for warm start; empty for none.
+
+    Returns:
+        workers / ps: node counts. worker_cpu, worker_memory, ps_cpu, ps_memory: one node's
+        resources as Kubernetes quantities ("1500m", "2Gi"). train_cpu, train_memory: the
+        plan's total, the size of the train step's pod when it hosts every node (local backend).
+    """
+    import json
+    from collections import namedtuple
+
+    import yaml
+
+    from dlrover_core import api
+    from dlrover_core.units import format_cpu, format_memory
+
+    p = api.plan(
+        yaml.safe_load(spec_yaml),
+        overrides=overrides,
+        samples=samples.path if samples is not None else None,
+        history=history or None,
+    )
+    with open(plan.path, "w") as f:
+        json.dump(p, f, indent=2)
+    outputs = namedtuple(
+        "PlanOutputs",
+        "workers worker_cpu worker_memory ps ps_cpu ps_memory train_cpu train_memory",
+    )
+    w, s, t = p["workers"], p["ps"], p["total"]
+    return outputs(
+        w["count"],
+        format_cpu(w["cpu_millicores"]),
+        format_memory(w["memory_mib"]),
+        s["count"],
+        format_cpu(s["cpu_millicores"]),
+        format_memory(s["memory_mib"]),
+        format_cpu(t["cpu_millicores"]),
+        format_memory(t["memory_mib"]),
+    )

@@ -1,0 +1,3 @@
+from .component import dlrover_profile
+
+__all__ = ["dlrover_profile"]

@@ -1,0 +1,3 @@
+from .component import dlrover_train
+
+__all__ = ["dlrover_train"]

@@ -1,0 +1,235 @@
+"""DLRover-RM operators: profile → plan → train, each a thin shell over ``dlrover_core.api``.
+
+XCom results are JSON-able: the profile operator returns the samples CSV path, the plan
+operator the plan dict, the train operator the job's report dict.
+
+``DLRoverTrainOperator`` is deferrable: ``execute`` starts ``python -m dlrover_core.cli train``
+as a detached process (its own session, so it outlives the worker slot and can be stopped as a
+group), records ``{pid, hostname}`` in ``RUN_DIR/airflow-job.json`` and defers to
+``DLRoverJobTrigger``; ``execute_complete`` returns the report or raises on a failed job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException
+
+from operators.hooks import DLRoverHook
+from operators.triggers import DLRoverJobTrigger
+
+JOB_FILE = "airflow-job.json"
+PLAN_FILE = "airflow-plan.json"
+LOG_FILE = "airflow-train.log"
+
+
+def _overrides(value: str | Sequence[str] | None) -> list[str]:
+    """Overrides as a list; a rendered template may give one string, one override a line."""
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.splitlines() if v.strip()]
+    return [str(v) for v in value]
+
+
+def _default_path(context: Context, name: str) -> str:
+    ti = context["ti"]
+    run = re.sub(r"[^A-Za-z0-9_.-]", "_", str(context["run_id"]))
+    return str(Path(tempfile.gettempdir()) / "dlrover-rm" / ti.dag_id / run / ti.task_id / name)
+
+
+def _is_node(pid: int) -> bool:
+    """Whether ``pid`` still runs a DLRover-RM node (not a reused pid): its environment says so."""
+    try:
+        return b"DLROVER_RM_ROLE=" in Path(f"/proc/{int(pid)}/environ").read_bytes()
+    except (OSError, ValueError):
+        return False
+
+
+class _DLRoverBase(BaseOperator):
+    ui_color = "#d9ecf2"
+
+    def __init__(
+        self,
+        *,
+        spec: str,
+        overrides: str | Sequence[str] | None = None,
+        dlrover_conn_id: str | None = DLRoverHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.overrides = overrides
+        self.dlrover_conn_id = dlrover_conn_id
+
+    @cached_property
+    def hook(self) -> DLRoverHook:
+        return DLRoverHook(dlrover_conn_id=self.dlrover_conn_id)
+
+
+class DLRoverProfileOperator(_DLRoverBase):
+    """Short real trials; returns the samples CSV path (``out``, or a per-run temp path)."""
+
+    template_fields: Sequence[str] = ("spec", "overrides", "out", "n_configs")
+
+    def __init__(self, *, out: str | None = None, n_configs: int | str = 6, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.out = out
+        self.n_configs = n_configs
+
+    def execute(self, context: Context) -> str:
+        out = self.out or _default_path(context, "samples.csv")
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        res = self.hook.profile(self.spec, _overrides(self.overrides), out, int(self.n_configs))
+        for t in res["trials"]:
+            self.log.info("trial %s", t)
+        return str(res["out"])
+
+
+class DLRoverPlanOperator(_DLRoverBase):
+    """The plan dict (``api.plan``); also written to ``out`` when given."""
+
+    template_fields: Sequence[str] = ("spec", "overrides", "samples", "history", "out")
+
+    def __init__(
+        self,
+        *,
+        samples: str | None = None,
+        history: str | None = None,
+        out: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.samples = samples
+        self.history = history
+        self.out = out
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        result = self.hook.plan(
+            self.spec, _overrides(self.overrides), self.samples or None, self.history
+        )
+        if self.out:
+            Path(self.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.out).write_text(json.dumps(result, indent=2) + "\n")
+        self.log.info("plan: %s", json.dumps(result)[:2000])
+        return result
+
+
+class DLRoverTrainOperator(_DLRoverBase):
+    """Train on the plan; deferrable; returns the report dict. ``plan`` may be a dict (an
+    upstream XCom), a JSON string (a rendered template) or a plan file path."""
+
+    template_fields: Sequence[str] = ("spec", "overrides", "plan", "run_dir", "poll_interval")
+
+    def __init__(
+        self,
+        *,
+        plan: Mapping[str, Any] | str | None = None,
+        run_dir: str | None = None,
+        poll_interval: float | str = 5.0,
+        start_timeout: float = 300.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.run_dir = run_dir
+        self.poll_interval = poll_interval
+        self.start_timeout = start_timeout
+
+    def _plan_file(self, rd: Path) -> str | None:
+        plan: Any = self.plan
+        if isinstance(plan, str) and plan.strip().startswith("{"):
+            plan = json.loads(plan)
+        if isinstance(plan, Mapping):
+            path = rd / PLAN_FILE
+            path.write_text(json.dumps(dict(plan), indent=2) + "\n")
+            return str(path)
+        return str(plan) if plan else None
+
+    def execute(self, context: Context) -> None:
+        rd = Path(self.run_dir or _default_path(context, "run"))
+        rd.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "dlrover_core.cli", "train", "--spec", str(self.spec)]
+        cmd += ["--run-dir", str(rd)]
+        plan = self._plan_file(rd)
+        if plan:
+            cmd += ["--plan", plan]
+        if self.hook.history_url:
+            cmd += ["--history", self.hook.history_url]
+        for o in self.hook.overrides(_overrides(self.overrides)):
+            cmd += ["--set", o]
+        self.log.info("starting: %s", " ".join(cmd))
+        with open(rd / LOG_FILE, "ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
+        self.job_pid = proc.pid
+        host = socket.gethostname()
+        (rd / JOB_FILE).write_text(json.dumps({"pid": proc.pid, "hostname": host}) + "\n")
+        self.defer(
+            trigger=DLRoverJobTrigger(
+                str(rd),
+                float(self.poll_interval),
+                pid=proc.pid,
+                hostname=host,
+                start_timeout=self.start_timeout,
+            ),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        status, report = event.get("status"), event.get("report")
+        if status != "succeeded":
+            raise AirflowException(
+                f"DLRover-RM job in {event.get('run_dir')} {status}: "
+                f"{(report or {}).get('failure') or event.get('message')}"
+            )
+        self.log.info("job succeeded: %s", json.dumps(report)[:2000])
+        return report or {}
+
+    def on_kill(self) -> None:
+        """Stop the job: SIGTERM the master's process group, then its nodes' groups (the
+        local backend starts every node in a session of its own, so they survive the master)."""
+        rd = Path(self.run_dir) if self.run_dir else None
+        pid = getattr(self, "job_pid", None)
+        if pid is None and rd is not None and (rd / JOB_FILE).exists():
+            pid = json.loads((rd / JOB_FILE).read_text()).get("pid")
+        if pid is None:
+            return
+        self._signal_group(int(pid))
+        if rd is None:
+            return
+        try:
+            nodes = self.hook.status(str(rd)).get("nodes") or []
+        except Exception as e:  # best effort: the run dir may be half written
+            self.log.warning("could not read the nodes of %s: %s", rd, e)
+            return
+        for n in nodes:
+            if n.get("pid") and n.get("state") in ("running", "pending") and _is_node(n["pid"]):
+                self._signal_group(int(n["pid"]))
+
+    def _signal_group(self, pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            self.log.info("sent SIGTERM to process group %d", pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError as e:
+            self.log.warning("cannot stop process group %d: %s", pid, e)

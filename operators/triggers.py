@@ -1,0 +1,132 @@
+"""``DLRoverJobTrigger``: waits, in the triggerer, for a ``dlrover-rm train`` job to end.
+
+It polls ``dlrover_core.api.status(run_dir)`` (blocking IO, so in a thread) every
+``poll_interval`` seconds and yields exactly one ``TriggerEvent``
+``{"status": "succeeded"|"failed"|"stopped", "run_dir", "report", "message"}`` when the job ends.
+
+The status reads the run directory even when the job master is gone, so a triggerer restart
+(or another triggerer) picks the wait up from ``serialize()``. Two ways a job can end without a
+terminal state, both reported as ``failed``:
+- no ``master.json`` appears within ``start_timeout`` seconds (the job never started);
+- the master process (``pid`` on ``hostname``; only checked on that host) is gone while the run
+  directory still says the job is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+TERMINAL = ("succeeded", "failed", "stopped")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, i.e. exited but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def read_report(run_dir: str) -> dict[str, Any] | None:
+    path = Path(run_dir) / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    report.setdefault("run_dir", str(run_dir))
+    return report
+
+
+class DLRoverJobTrigger(BaseTrigger):
+    def __init__(
+        self,
+        run_dir: str,
+        poll_interval: float = 5.0,
+        *,
+        pid: int | None = None,
+        hostname: str | None = None,
+        start_timeout: float = 300.0,
+    ) -> None:
+        super().__init__()
+        self.run_dir = str(run_dir)
+        self.poll_interval = float(poll_interval)
+        self.pid = pid
+        self.hostname = hostname
+        self.start_timeout = float(start_timeout)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "run_dir": self.run_dir,
+                "poll_interval": self.poll_interval,
+                "pid": self.pid,
+                "hostname": self.hostname,
+                "start_timeout": self.start_timeout,
+            },
+        )
+
+    def _master_gone(self) -> bool:
+        if self.pid is None or self.hostname != socket.gethostname():
+            return False
+        return not _alive(self.pid)
+
+    def _event(self, status: str, message: str, report: dict[str, Any] | None) -> TriggerEvent:
+        return TriggerEvent(
+            {"status": status, "run_dir": self.run_dir, "message": message, "report": report}
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from dlrover_core import api
+        from dlrover_core.errors import InputError
+
+        started = time.monotonic()
+        gone_once = False
+        while True:
+            try:
+                st = await asyncio.to_thread(api.status, self.run_dir)
+            except InputError:  # no master.json yet: the job is starting
+                st = None
+            state = (st or {}).get("job_state")
+            if state in TERMINAL:
+                # the state turns terminal just before report.json is written: wait for it
+                report = await asyncio.to_thread(read_report, self.run_dir)
+                if report is not None or self._master_gone() or gone_once:
+                    yield self._event(str(state), f"job {state}", report)
+                    return
+                gone_once = self.pid is None  # without a pid, give it one more poll
+            elif self._master_gone():
+                if gone_once:  # twice in a row: not a race with the last write
+                    yield self._event(
+                        "failed",
+                        f"the job master (pid {self.pid}) exited while the run directory says "
+                        f"{state or 'not started'}; see {self.run_dir}/airflow-train.log",
+                        await asyncio.to_thread(read_report, self.run_dir),
+                    )
+                    return
+                gone_once = True
+            elif st is None and time.monotonic() - started > self.start_timeout:
+                yield self._event(
+                    "failed",
+                    f"no job started in {self.run_dir} within {self.start_timeout:g} s; see "
+                    f"{self.run_dir}/airflow-train.log",
+                    None,
+                )
+                return
+            await asyncio.sleep(self.poll_interval)

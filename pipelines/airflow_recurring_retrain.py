@@ -1,0 +1,70 @@
+"""Example Airflow DAG: the recurring DLRM retrain, profile → plan → train, every day.
+
+Each run measures (short real trials), plans from what it measured (and the run history, via
+the ``dlrover_default`` connection when one exists), then trains on that plan; the train step
+defers while the job runs, so it holds no worker slot.
+
+Params (``dag.test(run_conf=...)``, ``airflow dags trigger --conf``):
+- ``spec``: the job spec (default: ``pipelines/specs/small.yaml``);
+- ``overrides``: spec overrides, ``["data.rows=50000", ...]``;
+- ``n_configs``: profiling trials (each ~10 s);
+- ``work_dir``: where samples, plan and the run directory go (default ``/tmp/dlrover-rm``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from operators.operators import (
+    DLRoverPlanOperator,
+    DLRoverProfileOperator,
+    DLRoverTrainOperator,
+)
+
+SPEC = str(Path(__file__).resolve().parent / "specs" / "small.yaml")
+RUN = "{{ params.work_dir }}/{{ dag.dag_id }}/{{ safe(run_id) }}"
+OVERRIDES = r"{{ params.overrides | join('\n') }}"
+
+with DAG(
+    dag_id="dlrm_recurring_retrain",
+    description="Recurring DLRM retrain, auto-sized by DLRover-RM: profile → plan → train",
+    schedule="@daily",
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["dlrover-rm", "dlrm"],
+    user_defined_macros={"safe": lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", str(s))},
+    params={
+        "spec": Param(SPEC, type="string"),
+        "overrides": Param([], type="array", items={"type": "string"}),
+        "n_configs": Param(6, type="integer", minimum=1),
+        "work_dir": Param("/tmp/dlrover-rm", type="string"),
+    },
+) as dag:
+    profile = DLRoverProfileOperator(
+        task_id="profile",
+        spec="{{ params.spec }}",
+        overrides=OVERRIDES,
+        n_configs="{{ params.n_configs }}",
+        out=f"{RUN}/samples.csv",
+    )
+    plan = DLRoverPlanOperator(
+        task_id="plan",
+        spec="{{ params.spec }}",
+        overrides=OVERRIDES,
+        samples=profile.output,
+        out=f"{RUN}/plan.json",
+    )
+    train = DLRoverTrainOperator(
+        task_id="train",
+        spec="{{ params.spec }}",
+        overrides=OVERRIDES,
+        plan=plan.output,
+        run_dir=f"{RUN}/run",
+        poll_interval=2.0,
+    )
+    profile >> plan >> train

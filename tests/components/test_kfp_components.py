@@ -1,0 +1,111 @@
+"""Each KFP component's function called directly (``.python_func``) on a tiny job, and the
+plan parity: the KFP plan component gives the plan ``api.plan`` gives for the same spec."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("kfp")
+
+from kfp.dsl import Artifact, Dataset, Metrics
+
+from components.plan.component import dlrover_plan
+from components.profile.component import dlrover_profile
+from components.train.component import dlrover_train
+from dlrover_core import api
+from dlrover_core.units import cpu_millicores, memory_mib
+
+SPEC_PATH = Path(__file__).resolve().parents[2] / "pipelines" / "specs" / "small.yaml"
+SPEC_YAML = SPEC_PATH.read_text()
+TINY = ["data.rows=20000", "data.eval_rows=2000"]
+VOLATILE = ("created_at_s", "planning_ms")
+
+
+def artifact(cls: type, tmp: Path, name: str) -> Artifact:
+    return cls(name=name, uri=str(tmp / name))
+
+
+@pytest.fixture(scope="module")
+def samples_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real profile run (2 configurations) shared by the tests of this module."""
+    tmp = tmp_path_factory.mktemp("profile")
+    samples = artifact(Dataset, tmp, "samples.csv")
+    n = dlrover_profile.python_func(
+        spec_yaml=SPEC_YAML, samples=samples, overrides=TINY, n_configs=2
+    )
+    assert n == 2
+    return Path(samples.path)
+
+
+def stable(plan: dict) -> dict:
+    return {k: v for k, v in plan.items() if k not in VOLATILE}
+
+
+@pytest.mark.slow
+def test_profile_writes_samples_csv(samples_csv: Path) -> None:
+    with samples_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows, "the profile step wrote no samples"
+
+
+@pytest.mark.parametrize("with_samples", [False, True], ids=["cold", "samples"])
+def test_plan_outputs_match_the_plan_artifact(
+    tmp_path: Path, with_samples: bool, request: pytest.FixtureRequest
+) -> None:
+    samples = None
+    if with_samples:
+        samples = Dataset(name="samples", uri=str(request.getfixturevalue("samples_csv")))
+    plan = artifact(Artifact, tmp_path, "plan.json")
+    out = dlrover_plan.python_func(spec_yaml=SPEC_YAML, plan=plan, samples=samples, overrides=TINY)
+    p = json.loads(Path(plan.path).read_text())
+    w, s, t = p["workers"], p["ps"], p["total"]
+    assert (out.workers, out.ps) == (w["count"], s["count"])
+    assert cpu_millicores(out.worker_cpu) == w["cpu_millicores"]
+    assert memory_mib(out.worker_memory) == w["memory_mib"]
+    assert cpu_millicores(out.ps_cpu) == s["cpu_millicores"]
+    assert memory_mib(out.ps_memory) == s["memory_mib"]
+    # The train step's pod holds every node (local backend): it is sized to the total.
+    assert cpu_millicores(out.train_cpu) == t["cpu_millicores"]
+    assert memory_mib(out.train_memory) == t["memory_mib"]
+
+
+@pytest.mark.parametrize("with_samples", [False, True], ids=["cold", "samples"])
+def test_plan_parity_with_api(
+    tmp_path: Path, with_samples: bool, request: pytest.FixtureRequest
+) -> None:
+    csv_path = request.getfixturevalue("samples_csv") if with_samples else None
+    samples = Dataset(name="samples", uri=str(csv_path)) if csv_path else None
+    plan = artifact(Artifact, tmp_path, "plan.json")
+    dlrover_plan.python_func(spec_yaml=SPEC_YAML, plan=plan, samples=samples, overrides=TINY)
+    via_kfp = json.loads(Path(plan.path).read_text())
+    via_api = api.plan(str(SPEC_PATH), overrides=TINY, samples=csv_path)
+    assert stable(via_kfp) == stable(json.loads(json.dumps(via_api)))
+
+
+def test_components_are_thin_shells_on_the_project_image() -> None:
+    for comp in (dlrover_profile, dlrover_plan, dlrover_train):
+        container = comp.component_spec.implementation.container
+        assert container.image == "dlrover-rm:0.1.0"
+        assert "pip install" not in " ".join(container.command or [])
+
+
+@pytest.mark.slow
+def test_train_runs_the_plan_and_logs_metrics(tmp_path: Path) -> None:
+    plan = artifact(Artifact, tmp_path, "plan.json")
+    dlrover_plan.python_func(spec_yaml=SPEC_YAML, plan=plan, overrides=TINY)
+    metrics = artifact(Metrics, tmp_path, "metrics")
+    run = artifact(Artifact, tmp_path, "run")
+    state = dlrover_train.python_func(
+        spec_yaml=SPEC_YAML, plan=plan, metrics=metrics, run=run, overrides=TINY
+    )
+    assert state == "succeeded"
+    assert {"auc", "throughput_sps", "wall_s"} <= set(metrics.metadata)
+    assert 0.0 <= metrics.metadata["auc"] <= 1.0
+    assert (Path(run.path) / "report.json").exists()
+
+
+def test_spec_text_is_the_spec_file() -> None:
+    assert yaml.safe_load(SPEC_YAML)["name"] == "small"

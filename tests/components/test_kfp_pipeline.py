@@ -1,0 +1,60 @@
+"""The example KFP pipeline: the committed YAML is fresh, the train step is sized by the plan
+step's outputs (run-time placeholders), and the pipeline runs end to end under kfp.local."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("kfp")
+
+from pipelines import kfp_recurring_retrain as pipeline
+
+COMMITTED = Path(pipeline.__file__).with_suffix(".yaml")
+RESOURCES = {
+    "resourceCpuRequest": "train_cpu",
+    "resourceCpuLimit": "train_cpu",
+    "resourceMemoryRequest": "train_memory",
+    "resourceMemoryLimit": "train_memory",
+}
+
+
+def test_committed_yaml_is_fresh(tmp_path: Path) -> None:
+    out = pipeline.compile_pipeline(tmp_path / "p.yaml")
+    assert out.read_text() == COMMITTED.read_text(), (
+        "pipelines/kfp_recurring_retrain.yaml is stale; run "
+        "`python pipelines/kfp_recurring_retrain.py --compile pipelines/kfp_recurring_retrain.yaml`"
+    )
+
+
+def test_train_resources_are_placeholders_bound_to_the_plan_outputs() -> None:
+    doc = yaml.safe_load(COMMITTED.read_text())
+    resources = doc["deploymentSpec"]["executors"]["exec-dlrover-train"]["container"]["resources"]
+    params = doc["root"]["dag"]["tasks"]["dlrover-train"]["inputs"]["parameters"]
+    for field, output in RESOURCES.items():
+        channel = f"pipelinechannel--dlrover-plan-{output}"
+        assert resources[field] == f"{{{{$.inputs.parameters['{channel}']}}}}"
+        assert params[channel]["taskOutputParameter"] == {
+            "producerTask": "dlrover-plan",
+            "outputParameterKey": output,
+        }
+    # And the steps run in order: profile -> plan -> train.
+    tasks = doc["root"]["dag"]["tasks"]
+    assert tasks["dlrover-plan"]["dependentTasks"] == ["dlrover-profile"]
+    assert tasks["dlrover-train"]["dependentTasks"] == ["dlrover-plan"]
+
+
+@pytest.mark.slow
+def test_pipeline_runs_end_to_end_locally(tmp_path: Path) -> None:
+    pipeline.run_local(pipeline_root=str(tmp_path))  # kfp.local raises if a task fails
+    (run,) = tmp_path.iterdir()
+    assert (run / "dlrover-profile" / "samples").read_text().strip()
+    plan_out = json.loads((run / "dlrover-plan" / "executor_output.json").read_text())
+    plan = json.loads((run / "dlrover-plan" / "plan").read_text())
+    assert plan_out["parameterValues"]["workers"] == plan["workers"]["count"]
+    train_out = json.loads((run / "dlrover-train" / "executor_output.json").read_text())
+    assert train_out["parameterValues"]["Output"] == "succeeded"
+    (metrics,) = train_out["artifacts"]["metrics"]["artifacts"]
+    assert 0.0 <= metrics["metadata"]["auc"] <= 1.0
+    assert (run / "dlrover-train" / "run" / "report.json").exists()
