@@ -110,6 +110,8 @@ class JobMaster:
         self.host = host
         self._initial_plan = plan
         self._history = list(history)
+        # speed samples of similar past runs: they help fit the model from the start
+        self._prior = self.planner.history_samples(self._history, clock())
         self.nodes: dict[NodeKey, _Node] = {}
         self.plan: ResourcePlan | None = None
         self.past_plans: list[ResourcePlan] = []
@@ -558,7 +560,9 @@ class JobMaster:
         now = self.clock()
         if self._ps_switch is not None:
             return  # one change at a time
-        d = self.planner.replan(self.plan, self.observations, self.samples, now, self.past_plans)
+        d = self.planner.replan(
+            self.plan, self.observations, self.samples, now, self.past_plans, self._prior
+        )
         if d.plan is not None and not d.plan.same_allocation(self.plan):
             bounded = d.plan
             if bounded.total.fits_in(self.spec.quota.resources):
