@@ -153,3 +153,18 @@ def test_no_traceback_in_a_real_process(tmp_path: Path) -> None:
     # one line per problem, each naming its field
     for field in ("model.embedding_tables", "quota.cpu", "quota.memory", "extra"):
         assert f"- {field}" in p.stderr, p.stderr
+
+
+def test_cli_plan_equals_api_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """Parity: the CLI is a shell over api.plan (the KFP and Airflow parity tests live with
+    their shells, tests/components and tests/operators)."""
+    from dlrover_core import api
+
+    rc, out, _ = run(["plan", "--spec", SMALL, "--set", "quota.cpu=4", "--json"], capsys)
+    assert rc == 0
+    via_cli = json.loads(out)
+    via_api = api.plan(SMALL, overrides=["quota.cpu=4"])
+    for d in (via_cli, via_api):
+        d.pop("created_at_s")
+        d.pop("planning_ms")
+    assert via_cli == via_api
