@@ -14,6 +14,8 @@ from dlrover_core.planner.scaling import plan_key, sampling_candidates
 from dlrover_core.spec import JobSpec, load_spec, spec_to_dict
 from dlrover_core.types import ResourcePlan, Sample, Stage
 
+TRIAL_ROWS = 5_000_000
+
 
 def profile_configs(spec: JobSpec, n: int = 6) -> list[ResourcePlan]:
     """The cold-start plan and the sampling moves from it, distinct and inside the quota."""
@@ -82,10 +84,11 @@ def profile(
 ) -> tuple[list[Sample], list[dict[str, Any]]]:
     """Trials at ``configs`` (default: :func:`profile_configs`). Returns the samples and a
     note per trial. Trials use a short sample window so that each takes seconds."""
-    trial_spec = load_spec(
-        spec_to_dict(spec),
-        ["pacing.sample_window_s=1.0", "pacing.heartbeat_interval_s=0.5"],
-    )
+    trial = ["pacing.sample_window_s=1.0", "pacing.heartbeat_interval_s=0.5"]
+    if spec.data.source == "synthetic":
+        # a trial stops once measured: give it enough rows never to run out first
+        trial.append(f"data.rows={max(spec.data.rows, TRIAL_ROWS)}")
+    trial_spec = load_spec(spec_to_dict(spec), trial)
     plans = list(configs) if configs is not None else profile_configs(trial_spec, n_configs)
     samples: list[Sample] = []
     notes: list[dict[str, Any]] = []
