@@ -40,7 +40,8 @@ def dlrover_plan(
     Returns:
         workers / ps: node counts. worker_cpu, worker_memory, ps_cpu, ps_memory: one node's
         resources as Kubernetes quantities ("1500m", "2Gi"). train_cpu, train_memory: the
-        plan's total, the size of the train step's pod when it hosts every node (local backend).
+        train step's pod when it hosts every node (local backend): the plan's total plus the
+        job master's own share.
     """
     import json
     from collections import namedtuple
@@ -62,7 +63,7 @@ def dlrover_plan(
         "PlanOutputs",
         "workers worker_cpu worker_memory ps ps_cpu ps_memory train_cpu train_memory",
     )
-    w, s, t = p["workers"], p["ps"], p["total"]
+    w, s, t = p["workers"], p["ps"], p["train_step"]
     return outputs(
         w["count"],
         format_cpu(w["cpu_millicores"]),

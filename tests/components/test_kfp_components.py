@@ -67,9 +67,14 @@ def test_plan_outputs_match_the_plan_artifact(
     assert memory_mib(out.worker_memory) == w["memory_mib"]
     assert cpu_millicores(out.ps_cpu) == s["cpu_millicores"]
     assert memory_mib(out.ps_memory) == s["memory_mib"]
-    # The train step's pod holds every node (local backend): it is sized to the total.
-    assert cpu_millicores(out.train_cpu) == t["cpu_millicores"]
-    assert memory_mib(out.train_memory) == t["memory_mib"]
+    # The train step's pod holds every node (local backend) and the job master: the total
+    # plus the master's 500m CPU and 1 GiB.
+    assert cpu_millicores(out.train_cpu) == t["cpu_millicores"] + 500
+    assert memory_mib(out.train_memory) == t["memory_mib"] + 1024
+    assert p["train_step"] == {
+        "cpu_millicores": t["cpu_millicores"] + 500,
+        "memory_mib": t["memory_mib"] + 1024,
+    }
 
 
 @pytest.mark.parametrize("with_samples", [False, True], ids=["cold", "samples"])
