@@ -147,7 +147,10 @@ class Planner:
             return PlanDecision(reverted)
         model, why = self._fit([*prior_samples, *samples])
         if model is None or not model.trustworthy(cfg.max_trust_rel_error):
-            nxt = self._next_sample(current, samples, observations, past_plans, now_s, why)
+            # configurations past runs already measured need no sampling again
+            nxt = self._next_sample(
+                current, [*prior_samples, *samples], observations, past_plans, now_s, why
+            )
             if nxt is not None or model is None:
                 return PlanDecision(nxt, (why or "model not trustworthy yet",), model)
         limits = self._limits(current, samples, observations, past_plans, now_s)

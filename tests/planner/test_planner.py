@@ -417,3 +417,20 @@ def test_offline_and_replanned_plans_respect_quota_and_pins(
             assert p.workers.count == w_pin
         if p_cpu_pin is not None:
             assert p.ps.resources.cpu_millicores == spec.constraints.ps.cpu_millicores
+
+
+def test_configurations_measured_by_past_runs_are_not_sampled_again() -> None:
+    """Prior samples (a past run of the job) count as sampled: the next sampling move skips
+    them."""
+    spec = make_spec()
+    planner = Planner(spec)
+    plan = planner.initial_plan(now_s=0.0)
+    here = exact_samples(WB, [(k[0], k[1], k[2] / 1000, k[3] / 1000) for k in [key_of(plan)]], 2)
+    d1 = planner.replan(plan, [], here, now_s=10.0, past_plans=[plan])
+    assert d1.plan is not None and d1.plan.stage is Stage.SAMPLING
+    prior = exact_samples(
+        WB, [tuple(k / 1000 if i > 1 else k for i, k in enumerate(key_of(d1.plan)))], 2
+    )
+    d2 = planner.replan(plan, [], here, now_s=10.0, past_plans=[plan], prior_samples=prior)
+    assert d2.plan is not None and d2.plan.stage is Stage.SAMPLING
+    assert key_of(d2.plan) != key_of(d1.plan)  # the past run measured d1's configuration
