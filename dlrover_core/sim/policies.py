@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from scipy.optimize import nnls
 
-from dlrover_core.faults import ExitClass
+from dlrover_core.faults import ExitClass, OomBump
 from dlrover_core.types import (
     HistoryRecord,
     NodeResources,
@@ -141,6 +141,26 @@ def _fit_quota(plan: ResourcePlan, quota: NodeResources) -> ResourcePlan:
             ),
         )
     return plan
+
+
+def _resized(
+    current: ResourcePlan,
+    roles: dict[Role, RolePlan],
+    reason: str,
+    now_s: float,
+    quota: NodeResources,
+) -> ResourcePlan:
+    """``current`` with per-role node sizes ``roles`` (counts unchanged), inside the quota."""
+    plan = replace(
+        current,
+        workers=roles[Role.WORKER],
+        ps=roles[Role.PS],
+        overrides=(),
+        stage=Stage.POST_SCALING,
+        reasons=(reason,),
+        created_at_s=now_s,
+    )
+    return _fit_quota(plan, quota)
 
 
 def _relaunch_same(*_: Any) -> RelaunchDecision:
@@ -298,16 +318,9 @@ class VpaPolicy:
                 new_roles[role] = rp
         if not changed:
             return None
-        plan = replace(
-            current,
-            workers=new_roles[Role.WORKER],
-            ps=new_roles[Role.PS],
-            overrides=(),
-            stage=Stage.POST_SCALING,
-            reasons=("vpa: request outside [lower, upper] bound",),
-            created_at_s=now_s,
+        return _resized(
+            current, new_roles, "vpa: request outside [lower, upper] bound", now_s, job.quota
         )
-        return _fit_quota(plan, job.quota)
 
     def on_node_exit(
         self,
@@ -321,11 +334,11 @@ class VpaPolicy:
     ) -> RelaunchDecision:
         if exit_class is not ExitClass.OOM:
             return _relaunch_same()
-        bumped = max(current.memory_mib * 1.2, current.memory_mib + 100)
+        bumped = OomBump().bump(current.memory_mib)  # VPA's RecordOOM rule
         self._hist(self._mem, (job.name, role)).add(bumped, plan.created_at_s, weight=10.0)
         return RelaunchDecision(
             True,
-            NodeResources(current.cpu_millicores, int(math.ceil(bumped))),
+            NodeResources(current.cpu_millicores, bumped),
             None,
             "vpa oom bump",
         )
@@ -429,16 +442,7 @@ class AutopilotPolicy:
                 roles[role] = rp
         if not changed:
             return None
-        plan = replace(
-            current,
-            workers=roles[Role.WORKER],
-            ps=roles[Role.PS],
-            overrides=(),
-            stage=Stage.POST_SCALING,
-            reasons=("autopilot: moving-window percentile",),
-            created_at_s=now_s,
-        )
-        return _fit_quota(plan, job.quota)
+        return _resized(current, roles, "autopilot: moving-window percentile", now_s, job.quota)
 
     def on_node_exit(
         self,
