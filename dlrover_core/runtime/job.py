@@ -65,7 +65,7 @@ def train(
     progress: bool = True,
     history_url: str | None = None,
 ) -> dict[str, Any]:
-    from dlrover_core.runtime.backend_local import LocalBackend
+    from dlrover_core.runtime.backends.local import LocalBackend
     from dlrover_core.runtime.master import JobMaster
 
     if spec.backend.kind != "local":

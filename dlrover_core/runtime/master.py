@@ -1,7 +1,7 @@
 """The job master: runs one training job to the end through a backend.
 
 It serves the ``dlrover.Master`` gRPC service (shards, heartbeats, metrics: see
-:mod:`dlrover_core.runtime.master_service`), launches the PS set and the workers of the current
+:mod:`dlrover_core.runtime.service`), launches the PS set and the workers of the current
 plan, and runs a control loop that
 
 1. collects exits and dead heartbeats and applies the fault policies (relaunch, bump memory,
@@ -18,7 +18,7 @@ started again on the same run directory adopts the running nodes and carries on 
 or repeating a shard.
 
 The master never knows whether a node is a process or a pod: all node control goes through
-:class:`dlrover_core.runtime.backend.Backend`.
+:class:`dlrover_core.runtime.backends.base.Backend`.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy, cl
 from dlrover_core.faults.health import HeartbeatPolicy
 from dlrover_core.planner import Planner
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.backend import LOST_REASON, Backend, NodeExit, NodeHandle, NodeSpec
-from dlrover_core.runtime.master_service import MasterState, atomic_write_json, serve_master
+from dlrover_core.runtime.backends.base import LOST_REASON, Backend, NodeExit, NodeHandle, NodeSpec
 from dlrover_core.runtime.report import TIMELINE_FILE
+from dlrover_core.runtime.service import MasterState, atomic_write_json, serve_master
 from dlrover_core.spec import JobSpec, spec_to_dict
 from dlrover_core.types import (
     HistoryRecord,
@@ -175,7 +175,7 @@ class JobMaster:
             argv = [
                 _python(),
                 "-m",
-                "dlrover_core.runtime.ps",
+                "dlrover_core.runtime.strategies.ps.server",
                 "--run-dir",
                 str(self.run_dir),
                 "--index",
@@ -197,7 +197,7 @@ class JobMaster:
             argv = [
                 _python(),
                 "-m",
-                "dlrover_core.runtime.worker",
+                "dlrover_core.runtime.strategies.ps.worker",
                 "--run-dir",
                 str(self.run_dir),
                 "--node-id",
@@ -242,7 +242,7 @@ class JobMaster:
 
     def _wait_ps(self, version: int, count: int, timeout_s: float = 120.0) -> list[str]:
         """Wait until every PS of set ``version`` wrote its address file (from its own pid)."""
-        from dlrover_core.runtime.ps import read_addr
+        from dlrover_core.runtime.strategies.ps.server import read_addr
 
         deadline = time.monotonic() + timeout_s
         d = self._ps_dir(version)
@@ -351,7 +351,7 @@ class JobMaster:
         """Scale or migrate the PS set: checkpoint the old set, start the new one re-sharded
         from those checkpoints, switch workers over, then stop the old set."""
         assert self.state is not None
-        from dlrover_core.runtime.ps_client import PSClient
+        from dlrover_core.runtime.strategies.ps.client import PSClient
 
         addrs, _ = self.state.ps_set()
         old_nodes = [
@@ -481,7 +481,7 @@ class JobMaster:
         addrs, version = self.state.ps_set()
         try:
             if self._ps_client is None or self._ps_client_version != version:
-                from dlrover_core.runtime.ps_client import PSClient
+                from dlrover_core.runtime.strategies.ps.client import PSClient
 
                 if self._ps_client is not None:
                     self._ps_client.close()
@@ -669,8 +669,8 @@ class JobMaster:
         auc = None
         if ok and self.stop_reason is None:
             try:
-                from dlrover_core.runtime.ps_client import PSClient
-                from dlrover_core.runtime.worker import evaluate_on_ps
+                from dlrover_core.runtime.strategies.ps.client import PSClient
+                from dlrover_core.runtime.strategies.ps.worker import evaluate_on_ps
 
                 addrs, _ = self.state.ps_set()
                 with PSClient(addrs, self.token, self._tables()) as client:

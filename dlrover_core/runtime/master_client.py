@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from dlrover_core.errors import DLRoverError, ErrorKind
-from dlrover_core.runtime.master_service import ACTION_REGISTER, MASTER_SERVICE
+from dlrover_core.runtime.service import ACTION_REGISTER, MASTER_SERVICE
 from dlrover_core.runtime.shards import Shard
 from dlrover_core.runtime.wire import Client, Message
 from dlrover_core.types import Role

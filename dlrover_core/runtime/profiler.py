@@ -42,7 +42,7 @@ def run_trial(
     median of them is the trial's sample (None: no steady window within ``max_s``)."""
     import time
 
-    from dlrover_core.runtime.backend_local import LocalBackend
+    from dlrover_core.runtime.backends.local import LocalBackend
     from dlrover_core.runtime.master import JobMaster
 
     t0 = time.monotonic()

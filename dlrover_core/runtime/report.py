@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dlrover_core.runtime.master_service import MasterState, atomic_write_json
+from dlrover_core.runtime.service import MasterState, atomic_write_json
 from dlrover_core.spec import JobSpec
 
 TIMELINE_FILE = "timeline.jsonl"

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from dlrover_core.faults.classify import ExitClass, classify_exit
-from dlrover_core.runtime.backend import (
+from dlrover_core.runtime.backends.base import (
     ENV_NODE_ID,
     LOST_REASON,
     OOM_REASON,
@@ -25,7 +25,7 @@ from dlrover_core.runtime.backend import (
     NodeHandle,
     NodeSpec,
 )
-from dlrover_core.runtime.backend_local import LocalBackend, UnknownNodeError, threads_for
+from dlrover_core.runtime.backends.local import LocalBackend, UnknownNodeError, threads_for
 from dlrover_core.types import NodeResources, Role
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,8 +208,8 @@ def test_threads_and_affinity_follow_cores(tmp_path: Path) -> None:
 
 OLD_MASTER = """
 import sys, time
-from dlrover_core.runtime.backend import NodeSpec
-from dlrover_core.runtime.backend_local import LocalBackend
+from dlrover_core.runtime.backends.base import NodeSpec
+from dlrover_core.runtime.backends.local import LocalBackend
 from dlrover_core.types import NodeResources, Role
 b = LocalBackend()
 flag = sys.argv[1]

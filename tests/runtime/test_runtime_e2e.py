@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dlrover_core import api
-from dlrover_core.runtime.backend_local import LocalBackend
+from dlrover_core.runtime.backends.local import LocalBackend
 from dlrover_core.runtime.master import JobMaster
 from dlrover_core.spec import load_spec
 from dlrover_core.types import NodeOverride, NodeResources, ResourcePlan, Role, RolePlan, Stage

@@ -12,12 +12,12 @@ import grpc
 import numpy as np
 import pytest
 
-from dlrover_core.runtime import checkpoint as ckpt
-from dlrover_core.runtime import ps as ps_mod
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.partition import dense_owner, dense_owners, owner
-from dlrover_core.runtime.ps import SERVICE, PSServer, PSShard, init_rows
-from dlrover_core.runtime.ps_client import PSClient, PSError, PSUnavailable
+from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
+from dlrover_core.runtime.strategies.ps import server as ps_mod
+from dlrover_core.runtime.strategies.ps.client import PSClient, PSError, PSUnavailable
+from dlrover_core.runtime.strategies.ps.partition import dense_owner, dense_owners, owner
+from dlrover_core.runtime.strategies.ps.server import SERVICE, PSServer, PSShard, init_rows
 
 LR = 0.05
 EPS = 1e-8

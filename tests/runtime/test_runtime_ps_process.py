@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrover_core.runtime import checkpoint as ckpt
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.ps import PSShard, addr_path, checkpoint_dir, read_addr
-from dlrover_core.runtime.ps_client import PSClient
+from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
+from dlrover_core.runtime.strategies.ps.client import PSClient
+from dlrover_core.runtime.strategies.ps.server import PSShard, addr_path, checkpoint_dir, read_addr
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {"emb": 8}
@@ -28,7 +28,7 @@ def _start(run_dir: Path, index: int = 0, num_ps: int = 1, *extra: str) -> subpr
     cmd = [
         sys.executable,
         "-m",
-        "dlrover_core.runtime.ps",
+        "dlrover_core.runtime.strategies.ps.server",
         "--run-dir",
         str(run_dir),
         "--index",

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.master_service import MasterState, serve_master
-from dlrover_core.runtime.ps import PSServer, PSShard, restore_shard
-from dlrover_core.runtime.ps_client import PSClient
-from dlrover_core.runtime.worker import (
+from dlrover_core.runtime.service import MasterState, serve_master
+from dlrover_core.runtime.strategies.ps.client import PSClient
+from dlrover_core.runtime.strategies.ps.server import PSServer, PSShard, restore_shard
+from dlrover_core.runtime.strategies.ps.worker import (
     ALLOC_ENV,
     EXIT_FATAL,
     EXIT_OK,
@@ -325,7 +325,7 @@ def test_the_worker_process_trains_and_exits_0(make_job: Callable[..., Job]) -> 
     cmd = [
         sys.executable,
         "-m",
-        "dlrover_core.runtime.worker",
+        "dlrover_core.runtime.strategies.ps.worker",
         "--run-dir",
         str(job.run_dir),
         "--node-id",

@@ -1,9 +1,9 @@
 """The worker's side of the parameter servers: route, batch, call in parallel, reassemble.
 
-Ids are de-duplicated on the client, split by :func:`~dlrover_core.runtime.partition.owner`,
+Ids are de-duplicated on the client, split by :func:`.partition.owner`,
 and every PS gets at most one call per step (:meth:`PSClient.pull_many` /
 :meth:`PSClient.push_many` put all tables' ids into one message). Dense parameters are routed
-round-robin over their sorted names (:func:`~dlrover_core.runtime.partition.dense_owners`).
+round-robin over their sorted names (:func:`.partition.dense_owners`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy.typing as npt
 
 from dlrover_core.errors import DLRoverError, ErrorKind
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.partition import dense_owners, owner
-from dlrover_core.runtime.ps import SERVICE, aggregate
+from dlrover_core.runtime.strategies.ps.partition import dense_owners, owner
+from dlrover_core.runtime.strategies.ps.server import SERVICE, aggregate
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]

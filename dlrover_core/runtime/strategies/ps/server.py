@@ -22,8 +22,8 @@ Ping        —                                                      fields inde
 
 Run one as a process::
 
-    python -m dlrover_core.runtime.ps --run-dir DIR --index I --num-ps N [--port 0]
-        [--restore-from DIR1,DIR2,...] [--checkpoint-every-s S] [--lr 0.05]
+    python -m dlrover_core.runtime.strategies.ps.server --run-dir DIR --index I --num-ps N
+        [--port 0] [--restore-from DIR1,DIR2,...] [--checkpoint-every-s S] [--lr 0.05]
 
 It reads the job token from DIR, restores its state (its own latest checkpoint if one matches
 (I, N), else a re-shard of the --restore-from checkpoints), serves, writes
@@ -51,9 +51,9 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from dlrover_core.runtime import checkpoint as ckpt
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.partition import as_uint64, splitmix64, table_salt
+from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
+from dlrover_core.runtime.strategies.ps.partition import as_uint64, splitmix64, table_salt
 
 log = logging.getLogger(__name__)
 
@@ -737,7 +737,9 @@ def _lock_dir(directory: Path, wait_s: float = 10.0) -> TextIO:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dlrover_core.runtime.ps", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m dlrover_core.runtime.strategies.ps.server", description=__doc__
+    )
     p.add_argument("--run-dir", required=True, help="the job's run directory (holds the token)")
     p.add_argument("--index", type=int, required=True, help="this PS's index, 0-based")
     p.add_argument("--num-ps", type=int, required=True, help="how many PS the set has")

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlrover_core.errors import DLRoverError, ErrorKind
-from dlrover_core.runtime.partition import dense_owners, owner
+from dlrover_core.runtime.strategies.ps.partition import dense_owners, owner
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ def load_for(
     """The state of PS ``index`` in a set of ``num_ps`` PS, re-sharded from the latest good
     checkpoints of *all* the old PS (one directory each).
 
-    Keeps the rows that :func:`~dlrover_core.runtime.partition.owner` gives to ``index`` under
+    Keeps the rows that :func:`.partition.owner` gives to ``index`` under
     ``num_ps``, and the dense parameters that ``dense_owner`` gives to it (round-robin over the
     sorted union of dense names). A directory without any checkpoint is an error (rows would be
     lost) unless ``allow_missing``."""

@@ -28,6 +28,8 @@ from dlrover_core.faults.classify import OOM_REASON, ExitClass, classify_exit, e
 from dlrover_core.types import NodeResources, Role
 
 __all__ = [
+    "ENV_ADVERTISE_HOST",
+    "ENV_BIND_HOST",
     "ENV_CPU_MILLICORES",
     "ENV_INCARNATION",
     "ENV_MEMORY_MIB",
@@ -40,6 +42,7 @@ __all__ = [
     "NodeHandle",
     "NodeSpec",
     "NodeUsage",
+    "RunLease",
 ]
 
 LOST_REASON = "Lost"
@@ -53,13 +56,19 @@ ENV_NODE_ID = "DLROVER_RM_NODE_ID"
 ENV_INCARNATION = "DLROVER_RM_INCARNATION"
 ENV_CPU_MILLICORES = "DLROVER_RM_CPU_MILLICORES"
 ENV_MEMORY_MIB = "DLROVER_RM_MEMORY_MIB"
+# Where a node's own server (a PS) binds, and the host it tells the master others reach it at.
+# The local backend sets both to loopback; on Kubernetes the bind host is 0.0.0.0 and the
+# advertised host the pod IP (downward API).
+ENV_BIND_HOST = "DLROVER_RM_BIND_HOST"
+ENV_ADVERTISE_HOST = "DLROVER_RM_ADVERTISE_HOST"
 
 
 @dataclass(frozen=True)
 class NodeSpec:
     """What to start: node ``node_id`` of ``role``, its ``incarnation`` (0 for the first start,
     +1 per relaunch), its ``resources`` (CPU and an enforced memory limit; 0 = no limit), the
-    command ``argv`` (``[sys.executable, "-m", "dlrover_core.runtime.worker", ...]``), extra
+    command ``argv`` (``[sys.executable, "-m", "dlrover_core.runtime.strategies.ps.worker",
+    ...]``), extra
     environment ``env`` (on top of the backend's own) and where its stdout/stderr go
     (appended; ``None`` = discarded)."""
 
@@ -217,3 +226,29 @@ class Backend(Protocol):
     def shutdown(self) -> None:
         """Stop every node this backend launched or adopted, and release its resources."""
         ...
+
+    def endpoint(self) -> tuple[str, str]:
+        """``(bind_host, advertised_host)`` for the master's own server: where it listens and
+        the host its nodes reach it at (loopback locally; 0.0.0.0 and the pod IP or Service
+        name on Kubernetes)."""
+        ...
+
+    def resize(self, handle: NodeHandle, resources: NodeResources) -> bool:
+        """Change a running node's CPU in place (memory unchanged). ``True`` when done (local:
+        re-pinned; Kubernetes: ``pods/resize`` accepted), ``False`` when the backend cannot:
+        the caller relaunches the node instead."""
+        ...
+
+
+@runtime_checkable
+class RunLease(Protocol):
+    """One master per run: a file lock locally, a ``coordination.k8s.io`` Lease on Kubernetes.
+    ``acquire`` returns ``None`` when this master now holds the lease, else a one-line
+    description of the holder ("pid 123 on host h since ..."); ``renew`` keeps it (``False``:
+    lost it, the master must stop acting at once); ``release`` gives it up (idempotent)."""
+
+    def acquire(self) -> str | None: ...
+
+    def renew(self) -> bool: ...
+
+    def release(self) -> None: ...

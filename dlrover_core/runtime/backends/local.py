@@ -52,7 +52,9 @@ from typing import IO
 import psutil
 
 from dlrover_core.errors import DLRoverError, ErrorKind, InputError
-from dlrover_core.runtime.backend import (
+from dlrover_core.runtime.backends.base import (
+    ENV_ADVERTISE_HOST,
+    ENV_BIND_HOST,
     ENV_CPU_MILLICORES,
     ENV_INCARNATION,
     ENV_MEMORY_MIB,
@@ -72,6 +74,7 @@ __all__ = ["LocalBackend", "UnknownNodeError", "threads_for"]
 log = logging.getLogger(__name__)
 _MIB = 1024.0 * 1024.0
 _Key = tuple[Role, int, int]
+LOOPBACK = "127.0.0.1"
 
 
 class UnknownNodeError(DLRoverError):
@@ -154,6 +157,8 @@ class LocalBackend:
             **os.environ,
             "OMP_NUM_THREADS": str(threads_for(spec.resources)),
             "MKL_NUM_THREADS": str(threads_for(spec.resources)),
+            ENV_BIND_HOST: LOOPBACK,
+            ENV_ADVERTISE_HOST: LOOPBACK,
             **spec.identity_env(),
             **spec.env,
         }
@@ -306,6 +311,33 @@ class LocalBackend:
         self._stopping.set()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=5.0)
+
+    def endpoint(self) -> tuple[str, str]:
+        """Everything runs on this machine: bind and advertise loopback."""
+        return LOOPBACK, LOOPBACK
+
+    def resize(self, handle: NodeHandle, resources: NodeResources) -> bool:
+        """Re-pin every process of the node to a CPU set of the new size (memory unchanged:
+        a different memory limit needs a relaunch). ``False`` when it cannot (not pinned,
+        ended, or the memory differs)."""
+        with self._lock:
+            node = self._nodes.get(self._key(handle))
+            if node is None or node.handle != handle or node.exit is not None:
+                return False
+            if node.cpus is None or resources.memory_mib != node.resources.memory_mib:
+                return False
+            cpus = self._choose_cpus(resources)
+            if cpus is None:
+                return False
+            procs = [node.leader, *node.members.values()]
+            try:
+                for proc in procs:
+                    proc.cpu_affinity(list(cpus))
+            except (psutil.Error, OSError):
+                return False
+            node.cpus = cpus
+            node.resources = resources
+            return True
 
     # ------------------------------------------------------------------ extras
 

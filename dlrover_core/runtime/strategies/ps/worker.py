@@ -3,7 +3,7 @@
 Run one as a process (the local backend does; the master writes ``DIR/spec.json`` and the
 token first)::
 
-    python -m dlrover_core.runtime.worker --run-dir DIR --node-id I --master HOST:PORT
+    python -m dlrover_core.runtime.strategies.ps.worker --run-dir DIR --node-id I --master HOST:PORT
         [--incarnation N] [--threads T]
 
 What it does:
@@ -33,7 +33,7 @@ What it does:
 
 Faults:
 
-- A PS that cannot be reached during a batch (:class:`~dlrover_core.runtime.ps_client.
+- A PS that cannot be reached during a batch (:class:`~dlrover_core.runtime.strategies.ps.client.
   PSUnavailable`) makes the worker poll the master's PS set (the master relaunches a dead PS on
   the same index, perhaps at a new address, and bumps the version), reconnect, re-sync the
   dense parameters and redo the batch. A shard is reported done only after every one of its
@@ -88,7 +88,7 @@ from dlrover_core.runtime.master_client import (
     MasterRejectedError,
     MasterUnavailableError,
 )
-from dlrover_core.runtime.ps_client import PSClient, PSUnavailable
+from dlrover_core.runtime.strategies.ps.client import PSClient, PSUnavailable
 from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.training.data import Batch, DataSource, from_spec
 from dlrover_core.training.model import DenseTower, LookupFn, evaluate, feature_keys
@@ -809,7 +809,7 @@ def _one_line(message: str) -> None:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m dlrover_core.runtime.worker",
+        prog="python -m dlrover_core.runtime.strategies.ps.worker",
         description="A worker of the PS runtime (see the module docstring).",
     )
     p.add_argument("--run-dir", required=True, help="the job's run dir (spec.json and token)")

@@ -1,0 +1,1 @@
+"""Training strategies: ``ps`` (parameter servers + asynchronous workers)."""
