@@ -378,5 +378,5 @@ def test_requeue_done_after_a_sequence_trains_those_shards_again(tmp_path: Path)
 def test_a_corrupt_shard_queue_is_one_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "shards.db"
     path.write_bytes(b"this is not a sqlite database" * 100)
-    with pytest.raises(InputError, match="shards.db.*unreadable"):
+    with pytest.raises(InputError, match=r"shards\.db.*unreadable"):
         ShardQueue.open(path, total_rows=40, shard_size=10)
