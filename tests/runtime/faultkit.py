@@ -3,6 +3,7 @@ read-only, inject faults into real node processes, and check that nothing is lef
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,10 +126,8 @@ def kill_all(run_dir: Path) -> None:
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
 
 
 def report(run_dir: Path) -> dict[str, Any]:

@@ -264,7 +264,7 @@ def test_master_restarts_at_random_instants(tmp_path: Path, run: Path) -> None:
         q = _train(tmp_path, run, "data.rows=150000")
         try:
             fk.wait_for(
-                lambda: fk.samples_done(run) > before or q.poll() is not None,
+                lambda q=q, before=before: fk.samples_done(run) > before or q.poll() is not None,
                 120,
                 "progress after a master restart",
             )
