@@ -878,7 +878,7 @@ class JobMaster:
             self.lease.release()
 
     def _describe(self, e: BaseException) -> str:
-        if is_disk_full(e):
+        if is_disk_full(e) or "disk is full" in str(e) or "No space left" in str(e):
             return f"disk full: {e}; free space under {self.run_dir} and resume the job"
         if isinstance(e, DLRoverError):
             return " ".join(str(e).split())
@@ -998,9 +998,32 @@ class JobMaster:
             cur = self.nodes.get((n.role, n.node_id))
             if cur is not n:
                 continue  # replaced by the generation just launched
-            self._on_exit(
-                NodeExit(n.role, n.node_id, n.incarnation, None, None, LOST_REASON, self.clock())
+            # gone while no master watched it (nodes leave a master unreachable for
+            # dead_after_s): not the node's fault, so no relaunch budget is charged
+            self.state.record_fault(
+                {
+                    "node": n.name,
+                    "incarnation": n.incarnation,
+                    "reason": LOST_REASON,
+                    "exit_class": "lost",
+                    "action": "relaunch",
+                    "why": "ended while no master watched it",
+                }
             )
+            n.incarnation += 1
+            self._launch(n)
+        active = self.state.generations_in(GEN_ACTIVE)
+        if active and not starting:  # e.g. after a clean stop: the PS set is relaunched
+            gid, count = int(active[-1]["id"]), int(active[-1]["count"])
+            for i in range(count):
+                if (Role.PS, i) not in self.nodes:
+                    prev = self.state.node(Role.PS, i)
+                    n = _Node(Role.PS, i, last.node_resources(Role.PS, i), generation=gid)
+                    if prev is not None:
+                        n.incarnation = prev.incarnation + 1
+                        n.relaunches = dict(prev.relaunches)
+                    self.nodes[(Role.PS, i)] = n
+                    self._launch(n)
         for i in range(last.workers.count):
             if (Role.WORKER, i) not in self.nodes:
                 self._start_worker(i, last.node_resources(Role.WORKER, i))

@@ -105,6 +105,7 @@ class MasterClient:
         self._monotonic = monotonic
         self._lock = threading.RLock()
         self._client = Client(address, MASTER_SERVICE, token, timeout_s=call_timeout_s)
+        self._last_answer = monotonic()
         self._identity: tuple[Role, int, int | None, int] | None = None
         self._extra: dict[str, Any] = {}
         self.master_id: str | None = None
@@ -131,12 +132,17 @@ class MasterClient:
             return msg
 
     def _call_retrying(self, method: str, fields: Mapping[str, Any]) -> Message:
-        deadline = self._monotonic() + self.retry_for_s
+        # unreachable for retry_for_s since the last answer, whichever call waits (a heartbeat
+        # thread and a training loop share the window: a node leaves within it, not twice it)
+        now = self._monotonic()
+        deadline = max(self._last_answer + self.retry_for_s, now + min(1.0, self.retry_for_s))
         delay = self.backoff_initial_s
         reregistered = False
         while True:
             try:
-                return self._client.call(method, fields)
+                msg = self._client.call(method, fields)
+                self._last_answer = self._monotonic()
+                return msg
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
                 details = e.details() if hasattr(e, "details") else str(e)

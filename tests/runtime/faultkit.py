@@ -32,7 +32,7 @@ def env(tmp: Path) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "DLROVER_RM_HISTORY": str(tmp / "history.db"),
+        "DLROVER_RM_HISTORY": f"sqlite:///{tmp / 'history.db'}",
         "PYTHONUNBUFFERED": "1",
     }
 
