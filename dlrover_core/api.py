@@ -160,8 +160,13 @@ def train(
     run_dir: str | Path | None = None,
     history: str | None = None,
     progress: bool = True,
+    model_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Run the job on this machine (local processes); returns the report dict."""
+    """Run the job on this machine (local processes); returns the report dict.
+
+    A successful run exports its model to ``model_dir`` (default ``RUN_DIR/model``); the
+    report's ``model_dir`` says where (None when the export failed: ``export_error`` says why).
+    """
     from dlrover_core.runtime.job import train as run_job
     from dlrover_core.types import ResourcePlan
 
@@ -188,7 +193,16 @@ def train(
         history=load_history(history, js),
         progress=progress,
         history_url=history,
+        model_dir=model_dir,
     )
+
+
+def export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
+    """Export the model a finished run trained (``model.pt`` + ``model_card.json`` in ``out``);
+    returns the model card. Load it with :func:`dlrover_core.training.load_exported`."""
+    from dlrover_core.training.export import export_model
+
+    return export_model(run_dir, out)
 
 
 def status(run_dir: str | Path) -> dict[str, Any]:

@@ -95,6 +95,10 @@ def cmd_train(a: argparse.Namespace) -> int:
         f"{report['shards_completed_twice']}, lost: {report['shards_lost']})"
     )
     print(f"report: {report['run_dir']}/report.json, {report['run_dir']}/report.png")
+    if report.get("model_dir"):
+        print(f"model: {report['model_dir']} (model.pt, model_card.json)")
+    elif report.get("export_error"):
+        print(f"model not exported: {report['export_error']}", file=sys.stderr)
     return 0 if report["state"] == "succeeded" else 1
 
 
@@ -111,6 +115,22 @@ def cmd_profile(a: argparse.Namespace) -> int:
         print(f"samples written to {a.out}", file=sys.stderr)
     else:
         sys.stdout.write(res["csv"])
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    card = api.export(a.run_dir, a.out)
+    if a.json:
+        _write_json(card, None)
+        return 0
+    ho = card["held_out"]
+    sizes = ", ".join(f"{t['name']} {t['rows']:,}" for t in card["tables"])
+    print(f"exported {card['job']} to {a.out}: model.pt + model_card.json")
+    print(f"  tables (rows): {sizes}")
+    auc = "n/a" if ho["auc"] is None else f"{ho['auc']:.4f}"
+    ll = "n/a" if ho["logloss"] is None else f"{ho['logloss']:.4f}"
+    print(f"  held-out: AUC {auc}, logloss {ll} on {ho['rows']:,} rows")
+    print("  load: dlrover_core.training.load_exported(DIR) -> forward(dense, kjt) -> logits")
     return 0
 
 
@@ -222,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--out", help="samples CSV to write (default: stdout)")
     pf.add_argument("--configs", type=int, default=6, help="how many configurations to try")
     pf.set_defaults(func=cmd_profile)
+
+    ex = sub.add_parser("export", help="export a finished run's model (torch tensors + card)")
+    ex.add_argument("--run-dir", required=True, help="the run directory of a finished train")
+    ex.add_argument("--out", required=True, help="folder to write model.pt and model_card.json")
+    ex.add_argument("--json", action="store_true", help="print the model card as JSON")
+    ex.set_defaults(func=cmd_export)
 
     st = sub.add_parser("status", help="the status of a run (JSON)")
     st.add_argument("--run-dir", required=True)

@@ -64,6 +64,7 @@ def train(
     history: list[HistoryRecord] | None = None,
     progress: bool = True,
     history_url: str | None = None,
+    model_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     from dlrover_core.runtime.backends.local import LocalBackend
     from dlrover_core.runtime.master import JobMaster
@@ -88,9 +89,27 @@ def train(
     report["run_dir"] = str(rd)
     report["samples"] = [dataclasses.asdict(s) for s in master.samples]
     report["history_run_id"] = None
+    if report.get("state") == "succeeded":
+        export_after_train(report, rd, Path(model_dir) if model_dir else rd / "model")
     if report.get("state") == "succeeded" and master.plan is not None:
         report["history_run_id"] = record_history(spec, report, master, history_url)
     return report
+
+
+def export_after_train(report: dict[str, Any], run_dir: Path, out: Path) -> None:
+    """Export the model of a successful run into ``out``; a failed export is reported (the
+    run itself succeeded: ``dlrover-rm export`` can be retried on its run directory)."""
+    from dlrover_core.training.export import export_model
+
+    report["model_dir"] = None
+    try:
+        card = export_model(run_dir, out)
+    except DLRoverError as e:
+        log.error("model export failed: %s", e)
+        report["export_error"] = str(e)
+        return
+    report["model_dir"] = str(out)
+    report["model_held_out"] = card["held_out"]
 
 
 def run_peaks(observations: Any) -> dict[str, int | None]:
