@@ -70,7 +70,6 @@ def test_example_small_spec_loads() -> None:
         ({}, "embedding_rows", 2000),
         ({}, "samples_total", 100_000),  # data.rows × epochs
         ({"training__epochs": 3}, "samples_total", 300_000),
-        ({"training__steps": 10}, "samples_total", 10 * 512),  # steps override epochs
         ({}, "shard_size", 512 * 10),
         ({}, "signature_key", "test/dlrm-2t/synthetic"),
         (
@@ -351,15 +350,15 @@ def test_every_malformed_override_is_reported() -> None:
                 "max": 8,
                 "count": 4,
                 "cpu": "1500m",
-                "memory": 3000,
+                "memory": 3000 * 2**20,  # bytes, as in Kubernetes
             },
             "constraints__ps": {"max": 3, "max_cpu": 6, "max_memory": "16Gi"},
             "model__embedding_tables": [
                 {"name": "a", "num_embeddings": "dynamic"},
-                {"name": "b", "num_embeddings": 77, "embedding_dim": 8},
+                {"name": "b", "num_embeddings": 77, "embedding_dim": 16},
             ],
-            "model__architecture": "dcn",
-            "training": {"batch_size": 128, "steps": 50, "optimizer": {"name": "adam"}},
+            "model__architecture": "dlrm",
+            "training": {"batch_size": 128, "epochs": 2, "optimizer": {"name": "adam"}},
             "strategy": "allreduce",
             "backend": {"kind": "kubernetes", "namespace": "ml"},
             "history": {"url": "sqlite:///h.db"},

@@ -276,7 +276,7 @@ class ExportedDLRM(nn.Module):
         values = list(torch.split(kjt.values(), kjt.length_per_key()))
         mapped = torch.cat([self.rows_of(k, v) for k, v in zip(keys, values, strict=True)])
         pooled = self.ebc(KeyedJaggedTensor(keys=keys, values=mapped, lengths=kjt.lengths()))
-        return self.tower(dense, stack_pooled(pooled, self.keys))  # type: ignore[no-any-return]
+        return self.tower(dense, stack_pooled(pooled, self.keys))
 
 
 def _module(card: dict[str, Any], tensors: dict[str, torch.Tensor]) -> ExportedDLRM:
@@ -307,7 +307,9 @@ def load_exported(directory: str | os.PathLike[str]) -> ExportedDLRM:
     except FileNotFoundError:
         raise ExportError(f"{str(d)!r} has no {MODEL_FILE}; export the run again") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
-        raise ExportError(f"{d / MODEL_FILE} cannot be loaded ({e}); export the run again") from None
+        raise ExportError(
+            f"{d / MODEL_FILE} cannot be loaded ({e}); export the run again"
+        ) from None
     return _module(card, tensors)
 
 
@@ -318,8 +320,7 @@ def load_exported(directory: str | os.PathLike[str]) -> ExportedDLRM:
 def predict_logits(model: nn.Module, keys: Sequence[str], batch: Any, chunk: int = 8192) -> Any:
     """Logits of a :class:`~dlrover_core.training.data.Batch` through ``model(dense, kjt)``."""
     out = [
-        model(torch.from_numpy(p.dense), to_kjt(p.sparse, keys)).numpy()
-        for p in batch.split(chunk)
+        model(torch.from_numpy(p.dense), to_kjt(p.sparse, keys)).numpy() for p in batch.split(chunk)
     ]
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
