@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,7 @@ def cmd_model_predict(a: argparse.Namespace) -> int:
 def cmd_simulate(a: argparse.Namespace) -> int:
     from dlrover_core.sim.runner import format_table
 
-    policies = [p.strip() for p in a.policies.split(",")] if a.policies else None
+    policies = [p.strip() for p in a.policies.split(",")] if a.policies is not None else None
     result = api.simulate(a.jobs, a.seed, policies)
     if a.json:
         _write_json(result, a.json)
@@ -95,6 +94,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         f"{report['shards_completed_twice']}, lost: {report['shards_lost']})"
     )
     print(f"report: {report['run_dir']}/report.json, {report['run_dir']}/report.png")
+    if report["state"] != "succeeded" and report.get("failure"):
+        print(f"error: job {report['state']}: {report['failure']}", file=sys.stderr)
     if report.get("model_dir"):
         print(f"model: {report['model_dir']} (model.pt, model_card.json)")
     elif report.get("export_error"):
@@ -154,6 +155,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from dlrover_core.sim.runner import format_table
     from dlrover_core.types import ResourcePlan
 
+    if a.jobs < 1:
+        print("error: --jobs must be at least 1", file=sys.stderr)
+        return 2
     root = Path(a.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     root.mkdir(parents=True, exist_ok=True)
     over = [*DEMO_OVERRIDES, f"history.url=sqlite:///{root / 'history.db'}"]
@@ -197,6 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Auto-size and run elastic DLRM training (after DLRover-RM, VLDB 2024).",
     )
     ap.add_argument("--version", action="version", version=f"dlrover-rm {__version__}")
+    ap.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="log records on stderr at this level and above (default warning)",
+    )
+    ap.add_argument(
+        "--log-json", action="store_true", help="log records as JSON lines (for log collectors)"
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("plan", help="plan resources for a job (stage 1, + stage 2 with samples)")
@@ -262,12 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # torch probes pynvml (pulled in by the optional open-source DLRover); not our concern
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+    from dlrover_core import logs
+
+    logs.quiet_third_party()  # before anything imports torch or the open-source DLRover
     args = build_parser().parse_args(argv)
-    if getattr(args, "jobs", 1) is not None and getattr(args, "jobs", 1) < 1:
-        print("error: --jobs must be at least 1", file=sys.stderr)
-        return 2
+    logs.setup(args.log_level, json_lines=args.log_json)
     try:
         return int(args.func(args))
     except DLRoverError as e:
@@ -279,6 +291,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, not bad input: still one line, the traceback in the log
+        import logging
+
+        logging.getLogger("dlrover_core.cli").debug("unexpected error", exc_info=True)
+        print(
+            f"error: unexpected {type(e).__name__}: {e} (a bug in dlrover-rm; rerun with "
+            "--log-level debug for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return 3
 
 
 if __name__ == "__main__":

@@ -246,7 +246,7 @@ class DataSpec(_Strict):
             if not self.path:
                 raise ValueError(f"source {self.source!r} needs data.path ({what})")
             _check_data_path(self.path, what)
-            ignored = sorted({"rows", "ids", "seed"} & self.model_fields_set)
+            ignored = sorted(set(SYNTHETIC_ONLY) & self.model_fields_set)
             if ignored:
                 raise ValueError(
                     f"data.{', data.'.join(ignored)} only apply to source 'synthetic' (a file's "
@@ -635,9 +635,28 @@ def load_spec(
     return parse_spec(data, source=label)
 
 
+SYNTHETIC_ONLY = ("rows", "ids", "seed")
+"""``data`` fields that only the synthetic source reads (a file source rejects them)."""
+
+
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     """JSON-able dict that :func:`load_spec` accepts back (aliases used)."""
-    return spec.model_dump(mode="json", by_alias=True)
+    d = spec.model_dump(mode="json", by_alias=True)
+    if spec.data.source in FILE_SOURCES:
+        for k in SYNTHETIC_ONLY:
+            d["data"].pop(k, None)
+    return d
+
+
+def use_data_file(data: dict[str, Any], source: str, path: str) -> dict[str, Any]:
+    """``data`` (a spec mapping) switched to read ``path`` as ``source``: the synthetic-only
+    settings are dropped (a file's rows are its records)."""
+    out = json.loads(json.dumps(dict(data)))
+    section = out.setdefault("data", {})
+    for k in SYNTHETIC_ONLY:
+        section.pop(k, None)
+    section.update(source=source, path=path)
+    return out
 
 
 def check_finite(x: float, what: str) -> float:

@@ -45,15 +45,16 @@ def dlrover_train(
 
     from dlrover_core import api
 
-    more = list(overrides)
+    spec = yaml.safe_load(spec_yaml)
     if dataset is not None:
+        from dlrover_core.spec import use_data_file
         from dlrover_core.training.data import source_for_path
 
         fmt = str((dataset.metadata or {}).get("format") or source_for_path(dataset.path))
-        more += [f"data.source={fmt}", f"data.path={dataset.path}"]
+        spec = use_data_file(spec, fmt, dataset.path)
     report = api.train(
-        yaml.safe_load(spec_yaml),
-        overrides=more,
+        spec,
+        overrides=overrides,
         plan=plan.path,
         run_dir=run.path,
         history=history or None,

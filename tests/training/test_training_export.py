@@ -127,5 +127,5 @@ def test_export_rejects_a_corrupt_checkpoint(trained: dict[str, Any], tmp_path: 
 
 
 def test_export_of_an_empty_dir_names_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ExportError, match="spec.json"):
+    with pytest.raises(ExportError, match=r"spec\.json"):
         export_model(tmp_path, tmp_path / "m")
