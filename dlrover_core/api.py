@@ -37,6 +37,28 @@ def resolve_spec(spec: SpecLike, overrides: Iterable[str] = ()) -> JobSpec:
     return load_spec(spec, overrides)
 
 
+NO_HISTORY = ("none", "off")
+"""``--history none``: plan cold, read no store."""
+
+
+def history_source(url: str | None, spec: JobSpec | None = None) -> str | None:
+    """Which store :func:`load_history` reads for these arguments, password hidden (None: no
+    store is read)."""
+    from dlrover_core.history.redact import redact_url
+
+    if url and url.lower() in NO_HISTORY:
+        return None
+    if url:
+        return redact_url(url)
+    if spec is None:
+        return None
+    if spec.history.url:
+        return redact_url(spec.history.url)
+    from dlrover_core.history.store import default_url
+
+    return redact_url(default_url())
+
+
 def load_history(
     url: str | None, spec: JobSpec | None = None, now_s: float | None = None
 ) -> list[HistoryRecord]:
@@ -48,6 +70,8 @@ def load_history(
     successful runs of its signature in its ``pacing.history_window_s``. An unreachable store
     logs a warning and gives no records: planning then starts cold.
     """
+    if url and url.lower() in NO_HISTORY:
+        return []
     if url:
         path = url.removeprefix("file://")
         if path.endswith(".json"):
@@ -102,6 +126,8 @@ def plan(
     out["job"] = js.name
     out["signature"] = js.signature_key
     out["planning_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    # which run history the plan read (never silently the default store)
+    out["history"] = {"store": history_source(history, js), "records": len(recs)}
     return out
 
 

@@ -47,6 +47,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
         print(f"plan for job {result['job']!r} (signature {result['signature']})")
         print(ResourcePlan.from_dict(result).describe())
+        h = result.get("history") or {}
+        if h.get("store"):
+            print(f"history: {h['store']} ({h['records']} matching run(s) read)")
+        else:
+            print("history: none read (cold start)")
         print(
             f"computed in {result['planning_ms']:.2f} ms"
             + (f"; written to {a.out}" if a.out else "")
@@ -217,7 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--samples", help="profiled samples CSV (workers,ps,worker_cpu,ps_cpu,throughput)"
     )
-    p.add_argument("--history", help="run history for warm start (JSON export of run records)")
+    p.add_argument(
+        "--history",
+        help="run history for warm start: a store URL or a JSON export; 'none' reads no store "
+        "(default: the spec's history.url, else $DLROVER_RM_HISTORY or ~/.dlrover-rm/history.db; "
+        "the plan says which it read)",
+    )
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)

@@ -184,6 +184,8 @@ def record_history(
     from dlrover_core.spec import spec_to_dict
 
     url = history_url
+    if url and url.lower() in ("none", "off"):
+        return None  # `--history none`: no store read, none written
     if url and url.removeprefix("file://").endswith(".json"):
         url = None
     store = None
