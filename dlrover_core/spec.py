@@ -229,7 +229,12 @@ class DataSpec(_Strict):
     path: str | None = Field(
         default=None, description="a local path or an fsspec URL (s3://, gs://, ...)"
     )
-    rows: int = Field(default=100_000, gt=0, le=LIMITS["rows"])
+    rows: int = Field(
+        default=100_000,
+        gt=0,
+        le=LIMITS["rows"],
+        description="synthetic: rows generated; a file source: at most this many training rows",
+    )
     eval_rows: int = Field(default=10_000, ge=0, le=LIMITS["eval_rows"])
     ids: IdDistribution = IdDistribution()
     shard_batches: int = Field(default=10, gt=0, le=1_000_000, description="batches per data shard")
@@ -250,7 +255,7 @@ class DataSpec(_Strict):
             if ignored:
                 raise ValueError(
                     f"data.{', data.'.join(ignored)} only apply to source 'synthetic' (a file's "
-                    f"rows are its records); remove {'them' if len(ignored) > 1 else 'it'}"
+                    f"records are what they are); remove {'them' if len(ignored) > 1 else 'it'}"
                 )
         elif self.path is not None:
             raise ValueError(
@@ -635,7 +640,7 @@ def load_spec(
     return parse_spec(data, source=label)
 
 
-SYNTHETIC_ONLY = ("rows", "ids", "seed")
+SYNTHETIC_ONLY = ("ids", "seed")
 """``data`` fields that only the synthetic source reads (a file source rejects them)."""
 
 
@@ -645,6 +650,8 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     if spec.data.source in FILE_SOURCES:
         for k in SYNTHETIC_ONLY:
             d["data"].pop(k, None)
+        if "rows" not in spec.data.model_fields_set:
+            d["data"].pop("rows", None)  # unset: all of the file's rows (set: a cap)
     return d
 
 
@@ -653,7 +660,7 @@ def use_data_file(data: dict[str, Any], source: str, path: str) -> dict[str, Any
     settings are dropped (a file's rows are its records)."""
     out = json.loads(json.dumps(dict(data)))
     section = out.setdefault("data", {})
-    for k in SYNTHETIC_ONLY:
+    for k in (*SYNTHETIC_ONLY, "rows"):
         section.pop(k, None)
     section.update(source=source, path=path)
     return out

@@ -518,6 +518,7 @@ class CriteoTSV:
         holdout: int = 0,
         file_dense: int = CRITEO_DENSE,
         file_sparse: int = CRITEO_SPARSE,
+        max_rows: int | None = None,
     ) -> None:
         self.url = str(path)
         self._fs, self._fpath = resolve_path(self.url)
@@ -546,6 +547,7 @@ class CriteoTSV:
                 "lower data.eval_rows"
             )
         self.holdout = holdout
+        self.max_rows = max_rows
         self._malformed: set[int] = set()
         self._first_bad: int | None = None
 
@@ -579,6 +581,12 @@ class CriteoTSV:
 
     @property
     def num_rows(self) -> int:
+        """Training rows: those before the held-out tail, at most ``max_rows`` of them."""
+        n = self.num_lines - self.holdout
+        return n if self.max_rows is None else min(n, self.max_rows)
+
+    @property
+    def held_out_start(self) -> int:
         return self.num_lines - self.holdout
 
     @property
@@ -602,7 +610,10 @@ class CriteoTSV:
         """Parse every line once: good and malformed lines of the training part and of the
         held-out tail, and the number of the first malformed line."""
         f = FileQuality(redact_url(self.url))
-        for lo, hi, held in ((0, self.num_rows, False), (self.num_rows, self.num_lines, True)):
+        for lo, hi, held in (
+            (0, self.num_rows, False),
+            (self.held_out_start, self.num_lines, True),
+        ):
             for a in range(lo, hi, chunk):
                 b = self.rows(a, min(a + chunk, hi))
                 f.add(len(b), b.skipped, held_out=held, first_bad=self._first_bad)
@@ -612,7 +623,7 @@ class CriteoTSV:
         """The first ``n`` lines of the held-out tail (at most ``holdout``)."""
         if n < 0:
             raise InputError(f"eval rows must be >= 0, got {n}")
-        start = self.num_rows
+        start = self.held_out_start
         return self.rows(start, start + min(n, self.holdout))
 
     def rows(self, start: int, end: int) -> Batch:
@@ -725,6 +736,7 @@ class ParquetCriteo:
         num_sparse: int = CRITEO_SPARSE,
         *,
         holdout: int = 0,
+        max_rows: int | None = None,
     ) -> None:
         try:
             import pyarrow.parquet as pq
@@ -787,6 +799,7 @@ class ParquetCriteo:
                 "lower data.eval_rows"
             )
         self.holdout = holdout
+        self.max_rows = max_rows
         self._malformed_by_file = [0] * len(self._paths)
         self._seen_bad: set[int] = set()
         self._first_bad: int | None = None
@@ -808,6 +821,12 @@ class ParquetCriteo:
 
     @property
     def num_rows(self) -> int:
+        """Training rows: those before the held-out tail, at most ``max_rows`` of them."""
+        n = self.num_lines - self.holdout
+        return n if self.max_rows is None else min(n, self.max_rows)
+
+    @property
+    def held_out_start(self) -> int:
         return self.num_lines - self.holdout
 
     @property
@@ -817,7 +836,7 @@ class ParquetCriteo:
     def eval_rows(self, n: int) -> Batch:
         if n < 0:
             raise InputError(f"eval rows must be >= 0, got {n}")
-        start = self.num_rows
+        start = self.held_out_start
         return self.rows(start, start + min(n, self.holdout))
 
     def _read(self, k: int, lo: int, hi: int) -> Any:
@@ -910,8 +929,9 @@ class ParquetCriteo:
         for k in range(len(self._paths)):
             f = FileQuality(self._show(self._paths[k]))
             f0, f1 = int(self._offsets[k]), int(self._offsets[k + 1])
-            cut = min(max(self.num_rows, f0), f1)
-            for lo, hi, held in ((f0, cut, False), (cut, f1, True)):
+            train_end = min(max(self.num_rows, f0), f1)
+            cut = min(max(self.held_out_start, f0), f1)
+            for lo, hi, held in ((f0, train_end, False), (cut, f1, True)):
                 for a in range(lo, hi, chunk):
                     b = self.rows(a, min(a + chunk, hi))
                     f.add(len(b), b.skipped, held_out=held, first_bad=self._first_bad)
@@ -962,17 +982,21 @@ def from_spec(spec: JobSpec) -> DataSource:
 
     One categorical feature per embedding table, in table order; a table's cardinality is its
     ``num_embeddings`` (None when dynamic). For a TSV file the last ``data.eval_rows`` lines
-    are held out and ``num_rows`` is the number of lines before them."""
+    are held out and ``num_rows`` is the number of lines before them (at most ``data.rows``
+    when the spec gives it)."""
     m, d = spec.model, spec.data
     tables = m.embedding_tables
+    cap = d.rows if "rows" in d.model_fields_set else None  # a file's rows unless capped
     if d.source == "criteo_tsv":
         if d.path is None:
             raise InputError("source 'criteo_tsv' needs data.path (a Criteo-format TSV file)")
-        return CriteoTSV(d.path, m.dense_features, len(tables), holdout=d.eval_rows)
+        return CriteoTSV(d.path, m.dense_features, len(tables), holdout=d.eval_rows, max_rows=cap)
     if d.source == "parquet":
         if d.path is None:
             raise InputError("source 'parquet' needs data.path (a Parquet file or folder)")
-        return ParquetCriteo(d.path, m.dense_features, len(tables), holdout=d.eval_rows)
+        return ParquetCriteo(
+            d.path, m.dense_features, len(tables), holdout=d.eval_rows, max_rows=cap
+        )
     cards = [t.num_embeddings if isinstance(t.num_embeddings, int) else None for t in tables]
     return SyntheticCriteo(
         num_dense=m.dense_features,

@@ -103,3 +103,23 @@ def test_tsv_and_parquet_from_an_fsspec_url(tmp_path: Path) -> None:
 def test_an_unknown_url_protocol_is_one_line() -> None:
     with pytest.raises(InputError, match="cannot open this URL"):
         resolve_path("nope://bucket/x.tsv")
+
+
+def test_data_rows_caps_a_file_and_round_trips(tmp_path: Path) -> None:
+    from dlrover_core.spec import load_spec, spec_to_dict
+    from dlrover_core.training.data import from_spec
+    from tests.factories import make_spec_dict
+
+    b = SRC.rows(0, 300)
+    write_criteo_tsv(tmp_path / "d.tsv", b)
+    base = make_spec_dict(data={"source": "criteo_tsv", "path": str(tmp_path / "d.tsv")})
+    base["data"]["eval_rows"] = 50
+    full = load_spec(base)
+    assert from_spec(full).num_rows == 250  # every line before the held-out tail
+    assert "rows" not in spec_to_dict(full)["data"]
+    capped = load_spec(base, ["data.rows=100"])
+    src = from_spec(capped)
+    assert src.num_rows == 100
+    assert np.array_equal(src.eval_rows(50).sparse, b.sparse[250:300, :2])  # still the tail
+    again = load_spec(spec_to_dict(capped))
+    assert again == capped and from_spec(again).num_rows == 100
