@@ -129,3 +129,10 @@ def test_export_rejects_a_corrupt_checkpoint(trained: dict[str, Any], tmp_path: 
 def test_export_of_an_empty_dir_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match=r"spec\.json"):
         export_model(tmp_path, tmp_path / "m")
+
+
+def test_node_logs_carry_no_third_party_warning(trained: dict[str, Any]) -> None:
+    logs = list((Path(trained["run_dir"]) / "logs").glob("*.log"))
+    assert logs
+    for p in logs:
+        assert "pynvml" not in p.read_text(), p
