@@ -123,3 +123,23 @@ def test_data_rows_caps_a_file_and_round_trips(tmp_path: Path) -> None:
     assert np.array_equal(src.eval_rows(50).sparse, b.sparse[250:300, :2])  # still the tail
     again = load_spec(spec_to_dict(capped))
     assert again == capped and from_spec(again).num_rows == 100
+
+
+def test_the_scan_before_a_job_is_bounded(tmp_path: Path) -> None:
+    b = SRC.rows(0, 400)
+    write_criteo_tsv(tmp_path / "d.tsv", b)
+    with (tmp_path / "d.tsv").open("a") as f:
+        f.write("bad\n" * 3)  # in the held-out tail
+    tsv = CriteoTSV(tmp_path / "d.tsv", 13, 4, holdout=53)
+    full = tsv.quality()
+    assert full.complete and (full.records, full.held_out_records, full.malformed) == (350, 50, 3)
+    part = tsv.quality(limit=100)
+    assert not part.complete and part.records == 100 and part.to_dict()["complete"] is False
+    t, _ = table(0, 300)
+    pq.write_table(t.slice(0, 150), tmp_path / "a.parquet")
+    pq.write_table(t.slice(150), tmp_path / "b.parquet")
+    (tmp_path / "d.tsv").unlink()
+    par = ParquetCriteo(tmp_path, 13, 4, holdout=30)
+    q = par.quality(limit=200)
+    assert not q.complete and q.records == 200 and q.held_out_records == 30
+    assert [f.records for f in q.files] == [150, 50]
