@@ -344,8 +344,8 @@ def _data_range(spec: JobSpec, source: Any, report: dict[str, Any] | None) -> di
         from dlrover_core.history.redact import redact_url
 
         out["path"] = redact_url(str(d.path))
-        n = int(source.num_rows)
-        out["held_out_rows"] = [n, n + min(d.eval_rows, getattr(source, "holdout", d.eval_rows))]
+        start = int(getattr(source, "held_out_start", source.num_rows))
+        out["held_out_rows"] = [start, start + min(d.eval_rows, int(source.holdout))]
     return out
 
 
