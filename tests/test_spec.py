@@ -386,3 +386,37 @@ def test_spec_is_frozen() -> None:
     with pytest.raises(ValueError):
         spec.name = "other"  # type: ignore[misc]
     assert isinstance(spec, JobSpec)
+
+
+@pytest.mark.parametrize(
+    ("value", "mib"),
+    [
+        (2147483648, 2048),  # a bare number is bytes (Kubernetes)
+        ("2147483648", 2048),
+        (1, 1),  # one byte still needs a whole MiB
+        (0, 0),
+        ("1536Mi", 1536),
+        ("2Gi", 2048),
+        ("1G", 954),  # 10^9 bytes, rounded up
+    ],
+)
+def test_memory_quantities_at_the_boundary(value: Any, mib: int) -> None:
+    from dlrover_core.units import memory_quantity_mib
+
+    assert memory_quantity_mib(value) == mib
+
+
+@pytest.mark.parametrize("value", [True, -1, float("inf"), "4Gx", "lots"])
+def test_bad_memory_quantities_are_refused(value: Any) -> None:
+    from dlrover_core.errors import InputError
+    from dlrover_core.units import memory_quantity_mib
+
+    with pytest.raises(InputError):
+        memory_quantity_mib(value)
+
+
+def test_spec_memory_round_trips_as_a_quantity() -> None:
+    spec = make_spec(quota={"cpu": 10, "memory": 3 * 2**30})
+    assert spec.quota.memory_mib == 3072
+    assert spec_to_dict(spec)["quota"]["memory"] == "3Gi"
+    assert load_spec(spec_to_dict(spec)) == spec
