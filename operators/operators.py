@@ -161,7 +161,8 @@ class DLRoverTrainOperator(_DLRoverBase):
     def execute(self, context: Context) -> None:
         rd = Path(self.run_dir or _default_path(context, "run"))
         rd.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "dlrover_core.cli", "train", "--spec", str(self.spec)]
+        cmd = [sys.executable, "-m", "dlrover_core.cli", "--log-level", "info"]
+        cmd += ["train", "--spec", str(self.spec)]
         cmd += ["--run-dir", str(rd)]
         plan = self._plan_file(rd)
         if plan:

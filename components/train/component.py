@@ -43,7 +43,9 @@ def dlrover_train(
 
     import yaml
 
-    from dlrover_core import api
+    from dlrover_core import api, logs
+
+    logs.setup("info")  # the master's launch/plan/export lines reach the pod log
 
     spec = yaml.safe_load(spec_yaml)
     if dataset is not None:
