@@ -37,6 +37,28 @@ def resolve_spec(spec: SpecLike, overrides: Iterable[str] = ()) -> JobSpec:
     return load_spec(spec, overrides)
 
 
+NO_HISTORY = ("none", "off")
+"""``--history none``: plan cold, read no store."""
+
+
+def history_source(url: str | None, spec: JobSpec | None = None) -> str | None:
+    """Which store :func:`load_history` reads for these arguments, password hidden (None: no
+    store is read)."""
+    from dlrover_core.history.redact import redact_url
+
+    if url and url.lower() in NO_HISTORY:
+        return None
+    if url:
+        return redact_url(url)
+    if spec is None:
+        return None
+    if spec.history.url:
+        return redact_url(spec.history.url)
+    from dlrover_core.history.store import default_url
+
+    return redact_url(default_url())
+
+
 def load_history(
     url: str | None, spec: JobSpec | None = None, now_s: float | None = None
 ) -> list[HistoryRecord]:
@@ -48,6 +70,8 @@ def load_history(
     successful runs of its signature in its ``pacing.history_window_s``. An unreachable store
     logs a warning and gives no records: planning then starts cold.
     """
+    if url and url.lower() in NO_HISTORY:
+        return []
     if url:
         path = url.removeprefix("file://")
         if path.endswith(".json"):
@@ -102,6 +126,8 @@ def plan(
     out["job"] = js.name
     out["signature"] = js.signature_key
     out["planning_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    # which run history the plan read (never silently the default store)
+    out["history"] = {"store": history_source(history, js), "records": len(recs)}
     return out
 
 
@@ -144,11 +170,34 @@ def predict(model: str | Path | Mapping[str, Any], configs: str | Path) -> str:
     return buf.getvalue()
 
 
+MAX_SIM_JOBS = 100_000
+
+
 def simulate(
     jobs: int = 200, seed: int = 0, policies: Sequence[str] | None = None
 ) -> dict[str, Any]:
+    """Every policy (or ``policies``) on one generated trace of ``jobs`` jobs."""
+    from dlrover_core.sim.runner import available_policies
     from dlrover_core.sim.runner import simulate as run_sim
 
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_SIM_JOBS:
+        raise InputError(f"--jobs must be a whole number in 1..{MAX_SIM_JOBS:,}; got {jobs!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise InputError(f"--seed must be a whole number in 0..{2**32 - 1}; got {seed!r}")
+    if policies is not None:
+        names = [str(p).strip() for p in policies]
+        known = available_policies()
+        if not names or any(not n for n in names):
+            raise InputError(
+                f"--policies has an empty name; give comma-separated names from: {', '.join(known)}"
+            )
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise InputError(
+                f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                f"choose from: {', '.join(known)}"
+            )
+        policies = names
     return run_sim(jobs, seed, policies)
 
 
@@ -160,27 +209,30 @@ def train(
     run_dir: str | Path | None = None,
     history: str | None = None,
     progress: bool = True,
+    model_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Run the job on this machine (local processes); returns the report dict."""
+    """Run the job on this machine (local processes); returns the report dict.
+
+    A successful run exports its model to ``model_dir`` (default ``RUN_DIR/model``); the
+    report's ``model_dir`` says where (None when the export failed: ``export_error`` says why).
+    """
     from dlrover_core.runtime.job import train as run_job
     from dlrover_core.types import ResourcePlan
 
     js = resolve_spec(spec, overrides)
     rp = None
     if isinstance(plan, Mapping):
-        rp = ResourcePlan.from_dict(dict(plan))
+        try:
+            rp = ResourcePlan.from_dict(dict(plan))
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise InputError(f"the plan given is not a plan from `plan` ({e!r})") from None
     elif plan is not None:
         pp = Path(plan)
         if not pp.exists():
             raise InputError(
                 f"plan file {str(pp)!r} does not exist; write one with `dlrover-rm plan --out`"
             )
-        try:
-            rp = ResourcePlan.from_dict(json.loads(pp.read_text()))
-        except (json.JSONDecodeError, KeyError, ValueError) as e:
-            raise InputError(
-                f"plan file {str(pp)!r} is not a plan written by `dlrover-rm plan`: {e}"
-            ) from None
+        rp = read_plan_file(pp)
     return run_job(
         js,
         plan=rp,
@@ -188,7 +240,41 @@ def train(
         history=load_history(history, js),
         progress=progress,
         history_url=history,
+        model_dir=model_dir,
     )
+
+
+def export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
+    """Export the model a finished run trained (``model.pt`` + ``model_card.json`` in ``out``);
+    returns the model card. Load it with :func:`dlrover_core.training.load_exported`."""
+    from dlrover_core.training.export import export_model
+
+    return export_model(run_dir, out)
+
+
+def read_plan_file(path: Path) -> Any:
+    """A :class:`ResourcePlan` from a file ``dlrover-rm plan --out`` wrote; one clear line
+    for anything else (not UTF-8, not JSON, a list or a string, missing fields)."""
+    from dlrover_core.types import ResourcePlan
+
+    what = f"plan file {str(path)!r}"
+    fix = "write one with `dlrover-rm plan --out PLAN.json`"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{what} is not UTF-8 text; {fix}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{what} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{what} holds a JSON {type(data).__name__}, not a plan (a JSON object with "
+            f"workers, ps, stage ...); {fix}"
+        )
+    try:
+        return ResourcePlan.from_dict(data)
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        missing = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        raise InputError(f"{what} is not a plan written by `dlrover-rm plan` ({missing})") from None
 
 
 def status(run_dir: str | Path) -> dict[str, Any]:

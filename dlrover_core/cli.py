@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
         print(f"plan for job {result['job']!r} (signature {result['signature']})")
         print(ResourcePlan.from_dict(result).describe())
+        h = result.get("history") or {}
+        if h.get("store"):
+            print(f"history: {h['store']} ({h['records']} matching run(s) read)")
+        else:
+            print("history: none read (cold start)")
         print(
             f"computed in {result['planning_ms']:.2f} ms"
             + (f"; written to {a.out}" if a.out else "")
@@ -73,7 +77,7 @@ def cmd_model_predict(a: argparse.Namespace) -> int:
 def cmd_simulate(a: argparse.Namespace) -> int:
     from dlrover_core.sim.runner import format_table
 
-    policies = [p.strip() for p in a.policies.split(",")] if a.policies else None
+    policies = [p.strip() for p in a.policies.split(",")] if a.policies is not None else None
     result = api.simulate(a.jobs, a.seed, policies)
     if a.json:
         _write_json(result, a.json)
@@ -95,6 +99,12 @@ def cmd_train(a: argparse.Namespace) -> int:
         f"{report['shards_completed_twice']}, lost: {report['shards_lost']})"
     )
     print(f"report: {report['run_dir']}/report.json, {report['run_dir']}/report.png")
+    if report["state"] != "succeeded" and report.get("failure"):
+        print(f"error: job {report['state']}: {report['failure']}", file=sys.stderr)
+    if report.get("model_dir"):
+        print(f"model: {report['model_dir']} (model.pt, model_card.json)")
+    elif report.get("export_error"):
+        print(f"model not exported: {report['export_error']}", file=sys.stderr)
     return 0 if report["state"] == "succeeded" else 1
 
 
@@ -111,6 +121,22 @@ def cmd_profile(a: argparse.Namespace) -> int:
         print(f"samples written to {a.out}", file=sys.stderr)
     else:
         sys.stdout.write(res["csv"])
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    card = api.export(a.run_dir, a.out)
+    if a.json:
+        _write_json(card, None)
+        return 0
+    ho = card["held_out"]
+    sizes = ", ".join(f"{t['name']} {t['rows']:,}" for t in card["tables"])
+    print(f"exported {card['job']} to {a.out}: model.pt + model_card.json")
+    print(f"  tables (rows): {sizes}")
+    auc = "n/a" if ho["auc"] is None else f"{ho['auc']:.4f}"
+    ll = "n/a" if ho["logloss"] is None else f"{ho['logloss']:.4f}"
+    print(f"  held-out: AUC {auc}, logloss {ll} on {ho['rows']:,} rows")
+    print("  load: dlrover_core.training.load_exported(DIR) -> forward(dense, kjt) -> logits")
     return 0
 
 
@@ -134,6 +160,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from dlrover_core.sim.runner import format_table
     from dlrover_core.types import ResourcePlan
 
+    if a.jobs < 1:
+        print("error: --jobs must be at least 1", file=sys.stderr)
+        return 2
     root = Path(a.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     root.mkdir(parents=True, exist_ok=True)
     over = [*DEMO_OVERRIDES, f"history.url=sqlite:///{root / 'history.db'}"]
@@ -177,6 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Auto-size and run elastic DLRM training (after DLRover-RM, VLDB 2024).",
     )
     ap.add_argument("--version", action="version", version=f"dlrover-rm {__version__}")
+    ap.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="log records on stderr at this level and above (default warning)",
+    )
+    ap.add_argument(
+        "--log-json", action="store_true", help="log records as JSON lines (for log collectors)"
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("plan", help="plan resources for a job (stage 1, + stage 2 with samples)")
@@ -184,7 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--samples", help="profiled samples CSV (workers,ps,worker_cpu,ps_cpu,throughput)"
     )
-    p.add_argument("--history", help="run history for warm start (JSON export of run records)")
+    p.add_argument(
+        "--history",
+        help="run history for warm start: a store URL or a JSON export; 'none' reads no store "
+        "(default: the spec's history.url, else $DLROVER_RM_HISTORY or ~/.dlrover-rm/history.db; "
+        "the plan says which it read)",
+    )
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
@@ -223,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--configs", type=int, default=6, help="how many configurations to try")
     pf.set_defaults(func=cmd_profile)
 
+    ex = sub.add_parser("export", help="export a finished run's model (torch tensors + card)")
+    ex.add_argument("--run-dir", required=True, help="the run directory of a finished train")
+    ex.add_argument("--out", required=True, help="folder to write model.pt and model_card.json")
+    ex.add_argument("--json", action="store_true", help="print the model card as JSON")
+    ex.set_defaults(func=cmd_export)
+
     st = sub.add_parser("status", help="the status of a run (JSON)")
     st.add_argument("--run-dir", required=True)
     st.set_defaults(func=cmd_status)
@@ -242,17 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # torch probes pynvml (pulled in by the optional open-source DLRover); not our concern
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+    from dlrover_core import logs
+
+    logs.quiet_third_party()  # before anything imports torch or the open-source DLRover
     raw = list(sys.argv[1:] if argv is None else argv)
     if raw[:1] == ["node"]:  # a node of a running job: its own parser (see runtime/node.py)
         from dlrover_core.runtime.node import main as node_main
 
         return node_main(raw[1:])
     args = build_parser().parse_args(argv)
-    if getattr(args, "jobs", 1) is not None and getattr(args, "jobs", 1) < 1:
-        print("error: --jobs must be at least 1", file=sys.stderr)
-        return 2
+    logs.setup(args.log_level, json_lines=args.log_json)
     try:
         return int(args.func(args))
     except DLRoverError as e:
@@ -264,6 +312,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, not bad input: still one line, the traceback in the log
+        import logging
+
+        logging.getLogger("dlrover_core.cli").debug("unexpected error", exc_info=True)
+        print(
+            f"error: unexpected {type(e).__name__}: {e} (a bug in dlrover-rm; rerun with "
+            "--log-level debug for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return 3
 
 
 if __name__ == "__main__":

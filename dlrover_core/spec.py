@@ -1,7 +1,11 @@
 """The one validated input: a job spec, from YAML or JSON, with ``--set`` overrides.
 
 Quantities are typed the Kubernetes way ("4Gi", "500m", 2) and stored with their unit in the
-name (``cpu_millicores``, ``memory_mib``). Every validation problem becomes one line naming the
+name (``cpu_millicores``, ``memory_mib``). As in Kubernetes, a bare memory number is bytes
+(``2147483648`` is 2 GiB) and a bare CPU number cores. Every field is honoured by the runtime or
+rejected here: models other than DLRM, ``training.steps`` and settings that do not apply to the
+data source are refused with one line saying what to do; numbers must be finite and sizes
+stay under named upper bounds (:data:`LIMITS`). Every validation problem becomes one line naming the
 field and the fix; :func:`load_spec` raises a single :class:`SpecError` holding all of them.
 """
 
@@ -29,7 +33,22 @@ from pydantic import (
 
 from dlrover_core.errors import InputError, SpecError
 from dlrover_core.types import NodeResources
-from dlrover_core.units import cpu_millicores, format_cpu, memory_mib
+from dlrover_core.units import cpu_millicores, format_cpu, format_memory, memory_quantity_mib
+
+LIMITS = {
+    "rows": 2**40,  # synthetic held-out rows start at 2**40
+    "eval_rows": 5_000_000,  # held out in one process's memory
+    "shards": 10_000_000,  # rows x epochs / shard size: one shards.db row each
+    "batch_size": 1 << 20,
+    "epochs": 10_000,
+    "num_embeddings": 2**63 - 1,  # int64 ids
+    "embedding_dim": 4096,
+    "dense_features": 4096,
+    "tables": 1024,
+    "layer_width": 65_536,
+    "layers": 64,
+}
+"""Upper bounds on sizes (a spec beyond them is rejected at validation, naming the bound)."""
 
 
 def _cpu(v: Any) -> Any:
@@ -45,7 +64,7 @@ def _mem(v: Any) -> Any:
     if v is None:
         return v
     try:
-        return memory_mib(v)
+        return memory_quantity_mib(v)  # Kubernetes semantics: a bare number is bytes
     except InputError as e:
         raise ValueError(e.message) from None
 
@@ -57,11 +76,20 @@ Millicores = Annotated[
     Field(ge=0),
     PlainSerializer(format_cpu, return_type=str, when_used="json"),
 ]
-MiB = Annotated[int, BeforeValidator(_mem), Field(ge=0)]
+# ... and memory as a quantity ("6Gi", "1536Mi"): a bare number would read back as bytes.
+MiB = Annotated[
+    int,
+    BeforeValidator(_mem),
+    Field(ge=0),
+    PlainSerializer(format_memory, return_type=str, when_used="json"),
+]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    # allow_inf_nan=False: `lr: .inf` or a NaN pacing interval is an error, not a silent run
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False
+    )
 
 
 class Architecture(StrEnum):
@@ -71,12 +99,18 @@ class Architecture(StrEnum):
     WIDE_DEEP = "wide_deep"
 
 
+IMPLEMENTED_ARCHITECTURES = frozenset({Architecture.DLRM})
+"""What the runtime can build and train; the others are named so the error can say so."""
+
+
 class EmbeddingTable(_Strict):
     name: str = Field(min_length=1)
     num_embeddings: int | Literal["dynamic"] = Field(
         description="rows, or 'dynamic' for a table that grows as new IDs arrive"
     )
-    embedding_dim: int | None = Field(default=None, gt=0, description="defaults to model's")
+    embedding_dim: int | None = Field(
+        default=None, gt=0, le=LIMITS["embedding_dim"], description="defaults to model's"
+    )
 
     @field_validator("num_embeddings", mode="before")
     @classmethod
@@ -95,16 +129,35 @@ class EmbeddingTable(_Strict):
     def _positive(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v <= 0:
             raise ValueError("must be a positive number of rows, or 'dynamic'")
+        if isinstance(v, int) and v > LIMITS["num_embeddings"]:
+            raise ValueError(
+                f"{v} rows is more than ids can address (at most 2^63 - 1); lower it, or use "
+                "'dynamic' for a table that grows with the ids it sees"
+            )
         return v
+
+
+Width = Annotated[int, Field(gt=0, le=LIMITS["layer_width"])]
 
 
 class ModelSpec(_Strict):
     architecture: Architecture = Architecture.DLRM
-    embedding_dim: int = Field(default=16, gt=0)
-    dense_features: int = Field(default=13, ge=0)
+    embedding_dim: int = Field(default=16, gt=0, le=LIMITS["embedding_dim"])
+    dense_features: int = Field(default=13, ge=0, le=LIMITS["dense_features"])
     embedding_tables: tuple[EmbeddingTable, ...]
-    dense_arch: tuple[int, ...] = (64, 16)
-    over_arch: tuple[int, ...] = (64, 1)
+    dense_arch: tuple[Width, ...] = Field(default=(64, 16), max_length=LIMITS["layers"])
+    over_arch: tuple[Width, ...] = Field(default=(64, 1), max_length=LIMITS["layers"])
+
+    @field_validator("architecture")
+    @classmethod
+    def _implemented(cls, v: Architecture) -> Architecture:
+        if v not in IMPLEMENTED_ARCHITECTURES:
+            raise ValueError(
+                f"{v.value!r} is not implemented by the runtime (only "
+                f"{', '.join(sorted(a.value for a in IMPLEMENTED_ARCHITECTURES))}); use "
+                "architecture: dlrm"
+            )
+        return v
 
     @field_validator("embedding_tables")
     @classmethod
@@ -112,6 +165,8 @@ class ModelSpec(_Strict):
         # not Field(min_length=1): that also fires when the only table is invalid
         if not v:
             raise ValueError("needs at least 1 embedding table; add one under embedding_tables")
+        if len(v) > LIMITS["tables"]:
+            raise ValueError(f"has {len(v)} tables; at most {LIMITS['tables']} are supported")
         return v
 
     @model_validator(mode="after")
@@ -120,10 +175,24 @@ class ModelSpec(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"embedding table names must be unique; repeated: {', '.join(dup)}")
-        if self.dense_arch and self.dense_arch[-1] != self.embedding_dim:
+        if not self.dense_arch or self.dense_arch[-1] != self.embedding_dim:
             raise ValueError(
                 f"dense_arch must end in embedding_dim ({self.embedding_dim}) so dense and sparse "
                 f"features can interact; got {list(self.dense_arch)}"
+            )
+        # what DLRM (the one implemented architecture) needs, checked here, not at worker start
+        if self.dense_features <= 0:
+            raise ValueError("dense_features must be positive (DLRM's bottom MLP needs input)")
+        if len(self.over_arch) < 2 or self.over_arch[-1] != 1:
+            raise ValueError(
+                f"over_arch must have at least 2 layers and end in 1 (the logit); got "
+                f"{list(self.over_arch)}"
+            )
+        odd = [t.name for t in self.embedding_tables if self.table_dim(t) != self.embedding_dim]
+        if odd:
+            raise ValueError(
+                f"DLRM needs every table at embedding_dim {self.embedding_dim}; remove "
+                f"embedding_dim from table(s) {', '.join(odd)}"
             )
         return self
 
@@ -152,26 +221,82 @@ class IdDistribution(_Strict):
     new_id_rate: float = Field(default=0.01, ge=0, le=1, description="fraction of fresh IDs")
 
 
+FILE_SOURCES = ("criteo_tsv", "parquet")
+
+
 class DataSpec(_Strict):
-    source: Literal["synthetic", "criteo_tsv"] = "synthetic"
-    path: str | None = None
-    rows: int = Field(default=100_000, gt=0)
-    eval_rows: int = Field(default=10_000, ge=0)
+    source: Literal["synthetic", "criteo_tsv", "parquet"] = "synthetic"
+    path: str | None = Field(
+        default=None, description="a local path or an fsspec URL (s3://, gs://, ...)"
+    )
+    rows: int = Field(
+        default=100_000,
+        gt=0,
+        le=LIMITS["rows"],
+        description="synthetic: rows generated; a file source: at most this many training rows",
+    )
+    eval_rows: int = Field(default=10_000, ge=0, le=LIMITS["eval_rows"])
     ids: IdDistribution = IdDistribution()
-    shard_batches: int = Field(default=10, gt=0, description="batches per data shard")
-    seed: int = 0
+    shard_batches: int = Field(default=10, gt=0, le=1_000_000, description="batches per data shard")
+    seed: int = Field(default=0, ge=0, lt=2**62)
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
-        if self.source == "criteo_tsv":
+        if self.source in FILE_SOURCES:
+            what = (
+                "a Criteo-format TSV file"
+                if self.source == "criteo_tsv"
+                else ("a Parquet file or folder")
+            )
             if not self.path:
-                raise ValueError("source 'criteo_tsv' needs data.path (a Criteo-format TSV file)")
-            if not Path(os.path.expanduser(self.path)).exists():
+                raise ValueError(f"source {self.source!r} needs data.path ({what})")
+            _check_data_path(self.path, what)
+            ignored = sorted(set(SYNTHETIC_ONLY) & self.model_fields_set)
+            if ignored:
                 raise ValueError(
-                    f"data.path {self.path!r} does not exist; give an existing Criteo-format TSV "
-                    "file, or use source 'synthetic'"
+                    f"data.{', data.'.join(ignored)} only apply to source 'synthetic' (a file's "
+                    f"records are what they are); remove {'them' if len(ignored) > 1 else 'it'}"
                 )
+        elif self.path is not None:
+            raise ValueError(
+                "data.path is read only by sources criteo_tsv and parquet; set data.source, or "
+                "remove data.path"
+            )
         return self
+
+
+def _check_data_path(path: str, what: str) -> None:
+    """A local path must exist; a URL must name a protocol fsspec can open (not fetched here:
+    the job checks the data when it starts)."""
+    head, sep, _ = path.partition("://")
+    if sep and head not in ("file", "local"):
+        try:
+            import fsspec
+        except ImportError:
+            raise ValueError(
+                f"data.path {_redact(path)!r} is a URL; reading URLs needs fsspec (install "
+                "dlrover-rm[data])"
+            ) from None
+        try:
+            fsspec.get_filesystem_class(head)
+        except (ValueError, ImportError) as e:
+            raise ValueError(
+                f"data.path {_redact(path)!r}: protocol {head!r} cannot be opened ({e}); use a "
+                "local path, or install its fsspec backend (s3fs for s3://, gcsfs for gs://)"
+            ) from None
+        return
+    local = os.path.expanduser(path.removeprefix("file://"))
+    if not Path(local).exists():
+        raise ValueError(
+            f"data.path {path!r} does not exist; give an existing {what} (or an fsspec URL), "
+            "or use source 'synthetic'"
+        )
+
+
+def _redact(url: str) -> str:
+    from dlrover_core.history.redact import redact_url
+
+    return redact_url(url)
 
 
 class OptimizerSpec(_Strict):
@@ -185,10 +310,22 @@ class OptimizerSpec(_Strict):
 
 
 class TrainingSpec(_Strict):
-    batch_size: int = Field(default=512, gt=0)
-    epochs: int | None = Field(default=1, gt=0)
-    steps: int | None = Field(default=None, gt=0, description="global steps; overrides epochs")
+    batch_size: int = Field(default=512, gt=0, le=LIMITS["batch_size"])
+    epochs: int | None = Field(default=1, gt=0, le=LIMITS["epochs"])
+    steps: int | None = Field(
+        default=None, gt=0, description="not supported: the runtime trains whole epochs"
+    )
     optimizer: OptimizerSpec = OptimizerSpec()
+
+    @field_validator("steps")
+    @classmethod
+    def _no_steps(cls, v: int | None) -> int | None:
+        if v is not None:
+            raise ValueError(
+                "is not supported: the runtime trains whole epochs over the data's rows; use "
+                "training.epochs (and data.rows for synthetic data) instead"
+            )
+        return v
 
 
 class RoleConstraints(_Strict):
@@ -275,6 +412,25 @@ class JobSpec(_Strict):
     pacing: PacingSpec = PacingSpec()
     backend: BackendSpec = BackendSpec()
     history: HistorySpec = HistorySpec()
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> JobSpec:
+        d, m = self.data, self.model
+        if d.source == "synthetic":
+            shards = -(-d.rows // self.shard_size) * (self.training.epochs or 1)
+            if shards > LIMITS["shards"]:
+                raise ValueError(
+                    f"data.rows {d.rows:,} x {self.training.epochs or 1} epoch(s) makes "
+                    f"{shards:,} shards, more than {LIMITS['shards']:,}; lower data.rows or "
+                    "training.epochs, or raise training.batch_size / data.shard_batches"
+                )
+        if d.source == "criteo_tsv" and (m.dense_features > 13 or len(m.embedding_tables) > 26):
+            raise ValueError(
+                f"a Criteo TSV has 13 integer and 26 categorical columns; the model asks for "
+                f"{m.dense_features} dense features and {len(m.embedding_tables)} tables: lower "
+                "model.dense_features or use fewer embedding tables"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_quota(self) -> JobSpec:
@@ -365,7 +521,18 @@ def _problems(err: ValidationError) -> list[str]:
     for e in err.errors():
         loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
         msg = _FIXES.get(e["type"]) or str(e["msg"]).removeprefix("Value error, ")
-        if e["type"] in ("greater_than", "greater_than_equal") and "input" in e:
+        if (
+            e["type"]
+            in (
+                "greater_than",
+                "greater_than_equal",
+                "less_than",
+                "less_than_equal",
+                "finite_number",
+                "too_long",
+            )
+            and "input" in e
+        ):
             msg = f"{msg} (got {e['input']!r})"
         out.append(f"{_format_loc(loc)}: {msg}" if loc else msg)
     return out
@@ -437,7 +604,15 @@ def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.exists():
         raise SpecError(f"spec file {str(p)!r} does not exist; pass an existing YAML or JSON file")
-    text = p.read_text()
+    if p.is_dir():
+        raise SpecError(f"spec {str(p)!r} is a folder; pass a YAML or JSON file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"spec file {str(p)!r} is not UTF-8 text (byte {e.start}: {e.reason}); save it as "
+            "UTF-8 YAML or JSON"
+        ) from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
@@ -465,9 +640,30 @@ def load_spec(
     return parse_spec(data, source=label)
 
 
+SYNTHETIC_ONLY = ("ids", "seed")
+"""``data`` fields that only the synthetic source reads (a file source rejects them)."""
+
+
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     """JSON-able dict that :func:`load_spec` accepts back (aliases used)."""
-    return spec.model_dump(mode="json", by_alias=True)
+    d = spec.model_dump(mode="json", by_alias=True)
+    if spec.data.source in FILE_SOURCES:
+        for k in SYNTHETIC_ONLY:
+            d["data"].pop(k, None)
+        if "rows" not in spec.data.model_fields_set:
+            d["data"].pop("rows", None)  # unset: all of the file's rows (set: a cap)
+    return d
+
+
+def use_data_file(data: dict[str, Any], source: str, path: str) -> dict[str, Any]:
+    """``data`` (a spec mapping) switched to read ``path`` as ``source``: the synthetic-only
+    settings are dropped (a file's rows are its records)."""
+    out = json.loads(json.dumps(dict(data)))
+    section = out.setdefault("data", {})
+    for k in (*SYNTHETIC_ONLY, "rows"):
+        section.pop(k, None)
+    section.update(source=source, path=path)
+    return out
 
 
 def check_finite(x: float, what: str) -> float:

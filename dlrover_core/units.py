@@ -47,6 +47,29 @@ def memory_mib(value: str | int | float) -> int:
     return int(math.ceil(number * _MEM_FACTORS_MIB[suffix] - 1e-9))
 
 
+def memory_quantity_mib(value: str | int | float) -> int:
+    """A memory quantity typed by a user (spec, CLI) to whole MiB, rounded up, with Kubernetes
+    semantics: a bare number, typed or in a string, is **bytes** (``2147483648`` and
+    ``"2147483648"`` are 2 GiB); ``"4Gi"``, ``"512Mi"``, ``"1G"`` carry their unit.
+
+    Unlike :func:`memory_mib` (whose bare numbers are MiB, the project's internal unit), this is
+    the parser for the user boundary."""
+    if isinstance(value, bool):
+        raise InputError(f"memory {value!r} is not a quantity; write e.g. '4Gi' or '512Mi'")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    else:
+        m = _MEM_RE.match(str(value))
+        if not m:
+            raise InputError(f"memory {value!r} is not a quantity; write e.g. '4Gi' or '512Mi'")
+        if m.group(2):
+            return memory_mib(str(value))
+        number = float(m.group(1))
+    if number < 0 or not math.isfinite(number):
+        raise InputError(f"memory {value!r} must be a finite quantity >= 0, e.g. '4Gi'")
+    return int(math.ceil(number / (1024 * 1024) - 1e-9))
+
+
 def cpu_millicores(value: str | int | float) -> int:
     """Parse a CPU quantity ("500m", "2", 2.5) to millicores."""
     if isinstance(value, bool):

@@ -8,6 +8,10 @@ Connection type ``dlrover`` (conn id ``dlrover_default`` unless an operator name
   override in front of the operator's own overrides.
 - ``overrides`` (extra, optional): more ``path=value`` spec overrides, a list or a comma string.
 
+The form (fields, labels, placeholders) is declared in ``provider.get_provider_info``
+(``conn-fields``, ``ui-field-behaviour``), which Airflow 3.3 reads without importing the hook;
+:meth:`DLRoverHook.test_connection` backs the UI's Test button.
+
 No connection (or a missing ``dlrover_default``) means: no history (cold start), the spec as is.
 The hook holds no logic: it reads the connection and calls ``dlrover_core.api``.
 """
@@ -31,17 +35,6 @@ class DLRoverHook(BaseHook):
     def __init__(self, dlrover_conn_id: str | None = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dlrover_conn_id = dlrover_conn_id
-
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["port", "login", "password", "schema"],
-            "relabeling": {"host": "History store URL"},
-            "placeholders": {
-                "host": "sqlite:////var/lib/dlrover-rm/history.db",
-                "extra": '{"backend": "local", "overrides": ["quota.cpu=8"]}',
-            },
-        }
 
     @cached_property
     def extras(self) -> dict[str, Any]:
@@ -95,6 +88,27 @@ class DLRoverHook(BaseHook):
             samples=samples or None,
             history=history or self.history_url,
         )
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button: open the history store and count its runs (no write)."""
+        url = self.history_url
+        if not url:
+            return True, "no history store configured: plans start cold"
+        from dlrover_core import api
+        from dlrover_core.errors import DLRoverError
+        from dlrover_core.history.redact import redact_url
+
+        try:
+            if url.removeprefix("file://").endswith(".json"):
+                n = len(api.load_history(url))
+            else:
+                from dlrover_core.history.store import HistoryStore
+
+                with HistoryStore(url) as store:
+                    n = len(store.runs(limit=1000))
+        except DLRoverError as e:
+            return False, str(e)
+        return True, f"history store {redact_url(url)} reachable: {n} run(s)"
 
     def status(self, run_dir: str) -> Mapping[str, Any]:
         from dlrover_core import api

@@ -161,16 +161,26 @@ class DLRoverTrainOperator(_DLRoverBase):
     def execute(self, context: Context) -> None:
         rd = Path(self.run_dir or _default_path(context, "run"))
         rd.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "dlrover_core.cli", "train", "--spec", str(self.spec)]
+        cmd = [sys.executable, "-m", "dlrover_core.cli", "--log-level", "info"]
+        cmd += ["train", "--spec", str(self.spec)]
         cmd += ["--run-dir", str(rd)]
         plan = self._plan_file(rd)
         if plan:
             cmd += ["--plan", plan]
-        if self.hook.history_url:
-            cmd += ["--history", self.hook.history_url]
+        env = dict(os.environ)
+        url = self.hook.history_url
+        if url and url.removeprefix("file://").endswith(".json"):
+            cmd += ["--history", url]  # a JSON export: a path, no credential
+        elif url:
+            # a database URL may hold a password: pass it in the environment, not the argv
+            # (which `ps` shows every user) and never in a log line
+            env["DLROVER_RM_HISTORY"] = url
+            cmd += ["--set", "history.url=null"]
         for o in self.hook.overrides(_overrides(self.overrides)):
             cmd += ["--set", o]
-        self.log.info("starting: %s", " ".join(cmd))
+        from dlrover_core.history.redact import redact_text
+
+        self.log.info("starting: %s", redact_text(" ".join(cmd)))
         with open(rd / LOG_FILE, "ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -179,6 +189,7 @@ class DLRoverTrainOperator(_DLRoverBase):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=os.getcwd(),
+                env=env,
             )
         self.job_pid = proc.pid
         host = socket.gethostname()
@@ -201,8 +212,13 @@ class DLRoverTrainOperator(_DLRoverBase):
                 f"DLRover-RM job in {event.get('run_dir')} {status}: "
                 f"{(report or {}).get('failure') or event.get('message')}"
             )
+        report = dict(report or {})
+        model_dir = Path(str(event.get("run_dir") or report.get("run_dir") or "")) / "model"
+        if (model_dir / "model_card.json").exists():
+            report["model_dir"] = str(model_dir)
+            context["ti"].xcom_push(key="model_dir", value=str(model_dir))
         self.log.info("job succeeded: %s", json.dumps(report)[:2000])
-        return report or {}
+        return report
 
     def on_kill(self) -> None:
         """Stop the job: SIGTERM the master's process group, then its nodes' groups (the

@@ -26,6 +26,37 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [{"integration-name": "DLRover-RM", "python-modules": ["operators.hooks"]}],
         "triggers": [{"integration-name": "DLRover-RM", "python-modules": ["operators.triggers"]}],
         "connection-types": [
-            {"connection-type": "dlrover", "hook-class-name": "operators.hooks.DLRoverHook"}
+            {
+                "connection-type": "dlrover",
+                "hook-class-name": "operators.hooks.DLRoverHook",
+                "hook-name": "DLRover-RM",
+                # declarative form metadata (Airflow 3.3 reads it without importing the hook)
+                "ui-field-behaviour": {
+                    "hidden-fields": ["port", "login", "password", "schema"],
+                    "relabeling": {"host": "History store URL"},
+                    "placeholders": {
+                        "host": "sqlite:////var/lib/dlrover-rm/history.db",
+                        "extra": '{"backend": "local", "overrides": ["quota.cpu=8"]}',
+                    },
+                },
+                "conn-fields": {
+                    "history_url": {
+                        "label": "History store URL",
+                        "description": "SQLAlchemy URL of the run history (a password in it "
+                        "is kept secret); overrides the host field",
+                        "schema": {"type": ["string", "null"], "format": "password"},
+                    },
+                    "backend": {
+                        "label": "Backend",
+                        "description": "backend.kind for the jobs of this connection",
+                        "schema": {"type": ["string", "null"], "enum": ["local", "kubernetes"]},
+                    },
+                    "overrides": {
+                        "label": "Spec overrides",
+                        "description": "path=value spec overrides, comma-separated",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+            }
         ],
     }

@@ -168,3 +168,32 @@ def test_cli_plan_equals_api_plan(capsys: pytest.CaptureFixture[str]) -> None:
         d.pop("created_at_s")
         d.pop("planning_ms")
     assert via_cli == via_api
+
+
+def test_plan_says_which_history_store_it_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f"sqlite:///{tmp_path / 'h.db'}"
+    monkeypatch.setenv("DLROVER_RM_HISTORY", store)
+    rc, out, _ = run(["plan", "--spec", SMALL], capsys)
+    assert rc == 0 and f"history: {store} (0 matching run(s) read)" in out
+    rc, out, _ = run(["plan", "--spec", SMALL, "--history", "none"], capsys)
+    assert rc == 0 and "history: none read (cold start)" in out
+    url = "postgresql://u:s3cret@127.0.0.1:1/x"
+    rc, out, err = run(["plan", "--spec", SMALL, "--history", url, "--json"], capsys)
+    assert rc == 0 and "s3cret" not in out + err
+    assert json.loads(out)["history"] == {"store": "postgresql://u:***@127.0.0.1:1/x", "records": 0}
+
+
+def test_log_json_lines_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    rc, _, _ = run(["--log-level", "info", "--log-json", "plan", "--spec", SMALL], capsys)
+    assert rc == 0
+    logging.getLogger("x").warning("store postgresql://u:pw@h/db down")
+    err = capsys.readouterr().err
+    rec = json.loads(err.strip().splitlines()[-1])
+    assert rec["level"] == "warning" and rec["msg"] == "store postgresql://u:***@h/db down"
+    from dlrover_core import logs
+
+    logs.setup("warning")  # back to the default for the other tests

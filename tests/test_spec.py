@@ -70,7 +70,6 @@ def test_example_small_spec_loads() -> None:
         ({}, "embedding_rows", 2000),
         ({}, "samples_total", 100_000),  # data.rows × epochs
         ({"training__epochs": 3}, "samples_total", 300_000),
-        ({"training__steps": 10}, "samples_total", 10 * 512),  # steps override epochs
         ({}, "shard_size", 512 * 10),
         ({}, "signature_key", "test/dlrm-2t/synthetic"),
         (
@@ -351,15 +350,15 @@ def test_every_malformed_override_is_reported() -> None:
                 "max": 8,
                 "count": 4,
                 "cpu": "1500m",
-                "memory": 3000,
+                "memory": 3000 * 2**20,  # bytes, as in Kubernetes
             },
             "constraints__ps": {"max": 3, "max_cpu": 6, "max_memory": "16Gi"},
             "model__embedding_tables": [
                 {"name": "a", "num_embeddings": "dynamic"},
-                {"name": "b", "num_embeddings": 77, "embedding_dim": 8},
+                {"name": "b", "num_embeddings": 77, "embedding_dim": 16},
             ],
-            "model__architecture": "dcn",
-            "training": {"batch_size": 128, "steps": 50, "optimizer": {"name": "adam"}},
+            "model__architecture": "dlrm",
+            "training": {"batch_size": 128, "epochs": 2, "optimizer": {"name": "adam"}},
             "strategy": "allreduce",
             "backend": {"kind": "kubernetes", "namespace": "ml"},
             "history": {"url": "sqlite:///h.db"},
@@ -387,3 +386,37 @@ def test_spec_is_frozen() -> None:
     with pytest.raises(ValueError):
         spec.name = "other"  # type: ignore[misc]
     assert isinstance(spec, JobSpec)
+
+
+@pytest.mark.parametrize(
+    ("value", "mib"),
+    [
+        (2147483648, 2048),  # a bare number is bytes (Kubernetes)
+        ("2147483648", 2048),
+        (1, 1),  # one byte still needs a whole MiB
+        (0, 0),
+        ("1536Mi", 1536),
+        ("2Gi", 2048),
+        ("1G", 954),  # 10^9 bytes, rounded up
+    ],
+)
+def test_memory_quantities_at_the_boundary(value: Any, mib: int) -> None:
+    from dlrover_core.units import memory_quantity_mib
+
+    assert memory_quantity_mib(value) == mib
+
+
+@pytest.mark.parametrize("value", [True, -1, float("inf"), "4Gx", "lots"])
+def test_bad_memory_quantities_are_refused(value: Any) -> None:
+    from dlrover_core.errors import InputError
+    from dlrover_core.units import memory_quantity_mib
+
+    with pytest.raises(InputError):
+        memory_quantity_mib(value)
+
+
+def test_spec_memory_round_trips_as_a_quantity() -> None:
+    spec = make_spec(quota={"cpu": 10, "memory": 3 * 2**30})
+    assert spec.quota.memory_mib == 3072
+    assert spec_to_dict(spec)["quota"]["memory"] == "3Gi"
+    assert load_spec(spec_to_dict(spec)) == spec

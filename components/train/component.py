@@ -1,7 +1,7 @@
 """KFP component: train a DLRM job elastically (a shell over dlrover_core.api)."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Metrics, Output
+from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
 BASE_IMAGE = "dlrover-rm:0.1.0"
 
@@ -12,8 +12,10 @@ def dlrover_train(
     plan: Input[Artifact],
     metrics: Output[Metrics],
     run: Output[Artifact],
+    model: Output[Model],
     overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
     history: str = "",
+    dataset: Input[Dataset] = None,
 ) -> str:
     """Run the job with the plan; the job master re-plans and scales while it trains.
 
@@ -23,23 +25,43 @@ def dlrover_train(
         metrics: Output. auc, throughput_sps, wall_s, cpu_util, mem_util, samples_done,
             shards_done, shards_total (those the report has).
         run: Output. The run directory (report.json, report.png, checkpoints, logs).
+        model: Output. The exported model (model.pt: torch tensors, loadable with
+            weights_only=True; model_card.json); its metadata holds the held-out AUC and
+            logloss, the feature keys and table sizes. Load it with
+            dlrover_core.training.load_exported(model.path).
         overrides: `path.to.field=value` overrides applied to the spec (as `--set`).
         history: Optional run-history URL; empty for none.
+        dataset: Optional training data from an upstream step (a Criteo TSV or Parquet file
+            or folder): it becomes data.path, with data.source from the artifact's
+            metadata "format" ("criteo_tsv" or "parquet") or the file name.
 
     Returns:
         The job's final state ("succeeded"); a job that did not succeed fails the task.
     """
+    import json
+    from pathlib import Path
+
     import yaml
 
-    from dlrover_core import api
+    from dlrover_core import api, logs
 
+    logs.setup("info")  # the master's launch/plan/export lines reach the pod log
+
+    spec = yaml.safe_load(spec_yaml)
+    if dataset is not None:
+        from dlrover_core.spec import use_data_file
+        from dlrover_core.training.data import source_for_path
+
+        fmt = str((dataset.metadata or {}).get("format") or source_for_path(dataset.path))
+        spec = use_data_file(spec, fmt, dataset.path)
     report = api.train(
-        yaml.safe_load(spec_yaml),
+        spec,
         overrides=overrides,
         plan=plan.path,
         run_dir=run.path,
         history=history or None,
         progress=False,
+        model_dir=model.path,
     )
     for key in (
         "auc",
@@ -53,6 +75,24 @@ def dlrover_train(
     ):
         if isinstance(report.get(key), (int, float)):
             metrics.log_metric(key, report[key])
+    card_path = Path(model.path) / "model_card.json"
+    if report["state"] == "succeeded" and card_path.exists():
+        card = json.loads(card_path.read_text())
+        model.framework = "torch"
+        model.metadata.update(
+            {
+                "format": "dlrover-rm-dlrm/{}".format(card["format"]),
+                "held_out_auc": card["held_out"]["auc"],
+                "held_out_logloss": card["held_out"]["logloss"],
+                "held_out_rows": card["held_out"]["rows"],
+                "feature_keys": card["feature_keys"],
+                "tables": {t["name"]: t["rows"] for t in card["tables"]},
+                "signature": card["signature"],
+                "data": card["data"],
+            }
+        )
+    elif report["state"] == "succeeded":
+        raise RuntimeError(f"the model was not exported: {report.get('export_error')}")
     if report["state"] != "succeeded":
         raise RuntimeError(f"training ended {report['state']}: {report.get('failure')}")
     return report["state"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_core.errors import DLRoverError, InputError, StoreUnavailableError
-from dlrover_core.spec import JobSpec, parse_spec
+from dlrover_core.spec import JobSpec
 from dlrover_core.types import HistoryRecord, ResourcePlan, Role
 
 log = logging.getLogger(__name__)
@@ -64,16 +64,34 @@ def train(
     history: list[HistoryRecord] | None = None,
     progress: bool = True,
     history_url: str | None = None,
+    model_dir: str | Path | None = None,
 ) -> dict[str, Any]:
+    from dlrover_core.logs import quiet_third_party
     from dlrover_core.runtime.backends.local import LocalBackend
     from dlrover_core.runtime.controller import JobMaster
 
+    quiet_third_party()  # node processes inherit the filters: no pynvml warning in their logs
     if spec.backend.kind != "local":
         raise InputError(
             f"backend.kind {spec.backend.kind!r} is not available in this version; "
             "use backend.kind=local"
         )
+    if spec.strategy != "ps":
+        raise InputError(
+            f"strategy {spec.strategy!r} can be planned but not trained by this runtime yet; "
+            "use strategy: ps"
+        )
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
+    data, problem = check_data(spec)
+    if problem is not None:
+        from dlrover_core.runtime.report import failed_report
+
+        log.error("job %s not started: %s", spec.name, problem)
+        report = failed_report(rd, spec, problem, {"data": data})
+        report["run_dir"] = str(rd)
+        report["history_run_id"] = None
+        report["samples"] = []
+        return report
     master = JobMaster(
         spec,
         rd,
@@ -88,9 +106,61 @@ def train(
     report["run_dir"] = str(rd)
     report["samples"] = [dataclasses.asdict(s) for s in master.samples]
     report["history_run_id"] = None
+    if report.get("state") == "succeeded":
+        export_after_train(report, rd, Path(model_dir) if model_dir else rd / "model")
+    _amend(rd, report, data)
     if report.get("state") == "succeeded" and master.plan is not None:
         report["history_run_id"] = record_history(spec, report, master, history_url)
     return report
+
+
+def check_data(spec: JobSpec) -> tuple[dict[str, Any] | None, str | None]:
+    """Scan a file data source once before the job starts: ``(the report's data section,
+    why the data is unusable or None)``. Generated data has nothing to scan."""
+    from dlrover_core.training.data import data_quality, from_spec
+
+    q = data_quality(from_spec(spec))
+    if q is None:
+        return None, None
+    log.info(
+        "data: %d records, %d malformed, %d held out in %d file(s)",
+        q.records,
+        q.malformed,
+        q.held_out_records,
+        len(q.files),
+    )
+    return q.to_dict(), q.problem(spec.data.eval_rows)
+
+
+def _amend(rd: Path, report: dict[str, Any], data: dict[str, Any] | None) -> None:
+    from dlrover_core.runtime.report import amend_report, json_safe
+
+    keys = ("model_dir", "model_held_out", "export_error")
+    extra: dict[str, Any] = {k: report[k] for k in keys if k in report}
+    if data is not None:
+        extra["data"] = data
+    if extra and (rd / "report.json").exists():
+        amend_report(rd, extra)
+    report.update(json_safe(extra))
+    for k, v in list(report.items()):
+        if isinstance(v, float):
+            report[k] = json_safe(v)
+
+
+def export_after_train(report: dict[str, Any], run_dir: Path, out: Path) -> None:
+    """Export the model of a successful run into ``out``; a failed export is reported (the
+    run itself succeeded: ``dlrover-rm export`` can be retried on its run directory)."""
+    from dlrover_core.training.export import export_model
+
+    report["model_dir"] = None
+    try:
+        card = export_model(run_dir, out)
+    except DLRoverError as e:
+        log.error("model export failed: %s", e)
+        report["export_error"] = str(e)
+        return
+    report["model_dir"] = str(out)
+    report["model_held_out"] = card["held_out"]
 
 
 def run_peaks(observations: Any) -> dict[str, int | None]:
@@ -114,6 +184,8 @@ def record_history(
     from dlrover_core.spec import spec_to_dict
 
     url = history_url
+    if url and url.lower() in ("none", "off"):
+        return None  # `--history none`: no store read, none written
     if url and url.removeprefix("file://").endswith(".json"):
         url = None
     store = None
@@ -136,8 +208,15 @@ def record_history(
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """Live status from the master when it runs, else what the run directory holds."""
+    """Live status from the master when it runs, else what the run directory holds.
+
+    Reads the run directory read-only; a missing or corrupt file is one clear line
+    (:class:`InputError`) naming it."""
     rd = Path(run_dir)
+    if not rd.is_dir():
+        raise InputError(
+            f"run directory {str(rd)!r} does not exist; pass the --run-dir of a `dlrover-rm train`"
+        )
     if not (rd / "master.json").exists():
         raise InputError(
             f"{str(rd)!r} is not a run directory (no master.json); pass the --run-dir of a "
@@ -157,24 +236,67 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
                 return st
             finally:
                 c.close()
-        except (DLRoverError, OSError, ValueError, KeyError):
-            pass  # the master is not running: read the files
+        except (DLRoverError, OSError, ValueError, KeyError, TypeError):
+            pass  # the master is not running (or the file is stale): read the files
     return _offline_status(rd)
 
 
-def _offline_status(rd: Path) -> dict[str, Any]:
-    from dlrover_core.runtime.shards import ShardQueue
-    from dlrover_core.training.data import from_spec
-
-    snap = json.loads((rd / "master.json").read_text())
-    spec = parse_spec(json.loads((rd / "spec.json").read_text()), source=str(rd / "spec.json"))
-    q = ShardQueue.open(
-        rd / "shards.db", from_spec(spec).num_rows, spec.shard_size, spec.training.epochs or 1
-    )
+def _read_json_file(path: Path, what: str) -> dict[str, Any]:
+    fix = "restore it from a backup, or look at report.json and the logs/ folder"
     try:
-        shards = q.summary()
-    finally:
-        q.close()
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path} ({what}) is missing; {fix}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{path} ({what}) is corrupt: {e}; {fix}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} ({what}) is corrupt: not a JSON object; {fix}")
+    return data
+
+
+def read_shard_summary(path: Path) -> dict[str, int]:
+    """Shard counts from a run's ``shards.db``, opened read-only (nothing is created or
+    migrated); a corrupt or foreign file is one clear line."""
+    import sqlite3
+
+    if not path.exists():
+        raise InputError(f"{path} (the shard queue) is missing; the run never started training")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            by_state = dict(con.execute("SELECT state, COUNT(*) FROM shards GROUP BY state"))
+            (done_rows,) = con.execute(
+                "SELECT COALESCE(SUM(end_row-start_row), 0) FROM shards WHERE state='done'"
+            ).fetchone()
+            (twice,) = con.execute("SELECT COUNT(*) FROM duplicates").fetchone()
+            (retrained,) = con.execute(
+                "SELECT COALESCE(SUM(s.end_row-s.start_row), 0) FROM duplicates d "
+                "JOIN shards s ON s.id=d.shard_id"
+            ).fetchone()
+            meta = dict(con.execute("SELECT key, value FROM meta"))
+            rows, size, epochs = (int(meta[k]) for k in ("total_rows", "shard_size", "epochs"))
+        finally:
+            con.close()
+    except (sqlite3.Error, KeyError, ValueError, TypeError) as e:
+        raise InputError(
+            f"{path} (the shard queue) is corrupt or not a dlrover-rm shard table ({e}); "
+            "restore it from a backup, or start the job in a new run directory"
+        ) from None
+    out = {k: int(by_state.get(k, 0)) for k in ("todo", "doing", "done", "failed")}
+    out["total"] = -(-rows // max(size, 1)) * epochs
+    out["completed_twice"] = int(twice)
+    out["lost"] = out["total"] - sum(out[k] for k in ("todo", "doing", "done", "failed"))
+    out["samples_done"] = int(done_rows)
+    out["samples_total"] = rows * epochs
+    out["samples_retrained"] = int(retrained)
+    return out
+
+
+def _offline_status(rd: Path) -> dict[str, Any]:
+    snap = _read_json_file(rd / "master.json", "the master state")
+    nodes = snap.get("nodes", [])
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
+        raise InputError(f"{rd / 'master.json'} (the master state) is corrupt: bad nodes list")
     return {
         "source": "run directory (master not running)",
         "job_state": snap.get("job_state"),
@@ -186,9 +308,9 @@ def _offline_status(rd: Path) -> dict[str, Any]:
                 "state": n.get("state"),
                 "restarts": n.get("restarts", 0),
             }
-            for n in snap.get("nodes", [])
+            for n in nodes
         ],
-        "shards": shards,
+        "shards": read_shard_summary(rd / "shards.db"),
         "global_step": snap.get("global_step", 0),
         "throughput_sps": None,
         "master_starts": snap.get("master_starts"),

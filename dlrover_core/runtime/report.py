@@ -4,6 +4,9 @@ allocated vs used CPU and memory over time, plan changes and faults marked)."""
 from __future__ import annotations
 
 import json
+import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +88,79 @@ def write_report(
             if r.registered_at_s is not None
         },
     }
+    report = json_safe(report)
     atomic_write_json(run_dir / "report.json", report)
     plot_report(run_dir, timeline, report)
+    return report
+
+
+def json_safe(v: Any) -> Any:
+    """``v`` with every NaN or infinity replaced by None (``report.json`` stays valid JSON:
+    ``json.dumps`` would write ``NaN``, which JSON parsers reject)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def _write(run_dir: Path, report: dict[str, Any]) -> None:
+    path = run_dir / "report.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def amend_report(run_dir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Add ``extra`` (the data scan, the exported model) to the ``report.json`` the master
+    wrote; returns the whole report."""
+    path = run_dir / "report.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        report = {}
+    if not isinstance(report, dict):
+        report = {}
+    report.update(json_safe(extra))
+    _write(run_dir, report)
+    return report
+
+
+def failed_report(
+    run_dir: Path, spec: JobSpec, failure: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The report of a job that failed before it started (e.g. unusable data): state failed,
+    the reason, nothing trained. Written to ``run_dir/report.json``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "job": spec.name,
+        "signature": spec.signature_key,
+        "state": "failed",
+        "stopped": None,
+        "failure": failure,
+        "finished_unix": time.time(),
+        "samples_total": 0,
+        "samples_done": 0,
+        "shards_total": 0,
+        "shards_done": 0,
+        "shards_failed": 0,
+        "shards_completed_twice": 0,
+        "shards_lost": 0,
+        "samples_retrained": 0,
+        "throughput_sps": 0.0,
+        "wall_s": 0.0,
+        "auc": None,
+        "cpu_util": None,
+        "mem_util": None,
+        "plans": [],
+        "faults": [],
+        "launches": [],
+        **(extra or {}),
+    }
+    report = json_safe(report)
+    _write(run_dir, report)
     return report
 
 

@@ -10,7 +10,7 @@ import yaml
 
 pytest.importorskip("kfp")
 
-from kfp.dsl import Artifact, Dataset, Metrics
+from kfp.dsl import Artifact, Dataset, Metrics, Model
 
 from components.plan.component import dlrover_plan
 from components.profile.component import dlrover_profile
@@ -103,13 +103,50 @@ def test_train_runs_the_plan_and_logs_metrics(tmp_path: Path) -> None:
     dlrover_plan.python_func(spec_yaml=SPEC_YAML, plan=plan, overrides=TINY)
     metrics = artifact(Metrics, tmp_path, "metrics")
     run = artifact(Artifact, tmp_path, "run")
+    model = artifact(Model, tmp_path, "model")
     state = dlrover_train.python_func(
-        spec_yaml=SPEC_YAML, plan=plan, metrics=metrics, run=run, overrides=TINY
+        spec_yaml=SPEC_YAML, plan=plan, metrics=metrics, run=run, model=model, overrides=TINY
     )
     assert state == "succeeded"
     assert {"auc", "throughput_sps", "wall_s"} <= set(metrics.metadata)
     assert 0.0 <= metrics.metadata["auc"] <= 1.0
     assert (Path(run.path) / "report.json").exists()
+    # Output[Model]: the exported files, and metadata an eval or serving step can read
+    assert (Path(model.path) / "model.pt").exists()
+    assert model.metadata["framework"] == "torch"
+    assert model.metadata["held_out_auc"] == pytest.approx(metrics.metadata["auc"], abs=0.005)
+    assert model.metadata["feature_keys"][0] == "c0" and model.metadata["tables"]["c4"] == 1000
+
+
+@pytest.mark.slow
+def test_train_reads_an_input_dataset(tmp_path: Path) -> None:
+    """Input[Dataset]: an upstream step's Parquet file becomes the training data."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dlrover_core.training.data import SyntheticCriteo
+
+    b = SyntheticCriteo(num_dense=13, num_sparse=8, num_rows=9000).rows(0, 9000)
+    cols: dict = {"label": b.labels.astype(np.int64)}
+    ints = np.rint(np.expm1(b.dense.astype(np.float64))).astype(np.int64)
+    cols |= {f"I{i + 1}": ints[:, i] for i in range(13)}
+    cols |= {f"C{i + 1}": b.sparse[:, i] for i in range(8)}
+    data = artifact(Dataset, tmp_path, "train.parquet")
+    pq.write_table(pa.table(cols), data.path, row_group_size=2000)
+    plan = artifact(Artifact, tmp_path, "plan.json")
+    dlrover_plan.python_func(spec_yaml=SPEC_YAML, plan=plan, overrides=TINY)
+    metrics = artifact(Metrics, tmp_path, "metrics")
+    run, model = artifact(Artifact, tmp_path, "run"), artifact(Model, tmp_path, "model")
+    state = dlrover_train.python_func(
+        spec_yaml=SPEC_YAML, plan=plan, metrics=metrics, run=run, model=model,
+        overrides=["data.eval_rows=1000"], dataset=data,
+    )  # fmt: skip
+    assert state == "succeeded"
+    report = json.loads((Path(run.path) / "report.json").read_text())
+    assert report["data"]["records"] == 8000 and report["data"]["malformed"] == 0
+    assert report["samples_done"] == 8000
+    assert model.metadata["data"]["source"] == "parquet"
 
 
 def test_spec_text_is_the_spec_file() -> None:

@@ -102,3 +102,47 @@ def test_on_kill_stops_the_recorded_process_group(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+class _TI:
+    def __init__(self) -> None:
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+def test_execute_complete_puts_the_model_path_in_xcom(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model_card.json").write_text("{}")
+    op = DLRoverTrainOperator(task_id="train", spec=SPEC, dlrover_conn_id=None)
+    ti = _TI()
+    event = {"status": "succeeded", "run_dir": str(tmp_path), "report": {"state": "succeeded"}}
+    out = op.execute_complete({"ti": ti}, event)
+    assert out["model_dir"] == ti.pushed["model_dir"] == str(tmp_path / "model")
+
+
+def test_train_keeps_the_history_password_out_of_argv_and_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    import operators.operators as ops
+
+    url = "postgresql://user:s3cret@db.example/hist"
+    seen: dict[str, Any] = {}
+
+    class FakePopen:
+        pid = 4242
+
+        def __init__(self, cmd: list[str], **kw: Any) -> None:
+            seen["cmd"], seen["env"] = cmd, kw.get("env") or {}
+
+    monkeypatch.setattr(ops.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(ops.DLRoverHook, "history_url", property(lambda self: url))
+    op = DLRoverTrainOperator(task_id="train", spec=SPEC, run_dir=str(tmp_path / "r"))
+    with caplog.at_level("INFO"), pytest.raises(TaskDeferred):
+        op.execute({})
+    assert "s3cret" not in " ".join(seen["cmd"])
+    assert seen["env"]["DLROVER_RM_HISTORY"] == url
+    assert "s3cret" not in caplog.text

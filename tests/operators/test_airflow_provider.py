@@ -58,3 +58,27 @@ def test_hook_reads_history_and_backend_from_the_connection(monkeypatch) -> None
     hook = DLRoverHook(dlrover_conn_id="dlrover_x")
     assert hook.history_url == "sqlite:////tmp/h.db"
     assert hook.overrides(["quota.cpu=2"]) == ["backend.kind=local", "quota.cpu=4", "quota.cpu=2"]
+
+
+def test_connection_form_is_declarative() -> None:
+    from operators.hooks import DLRoverHook
+    from operators.provider import get_provider_info
+
+    (ct,) = get_provider_info()["connection-types"]
+    assert "history_url" in ct["conn-fields"]
+    assert ct["conn-fields"]["history_url"]["schema"]["format"] == "password"  # kept secret
+    assert "password" in ct["ui-field-behaviour"]["hidden-fields"]
+    assert "get_ui_field_behaviour" not in DLRoverHook.__dict__  # the deprecated hook method
+
+
+def test_test_connection(monkeypatch, tmp_path) -> None:
+    from operators.hooks import DLRoverHook
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    monkeypatch.setattr(DLRoverHook, "history_url", property(lambda self: url))
+    ok, msg = DLRoverHook().test_connection()
+    assert ok and "0 run(s)" in msg
+    bad = "postgresql://u:secret@127.0.0.1:1/x"
+    monkeypatch.setattr(DLRoverHook, "history_url", property(lambda self: bad))
+    ok, msg = DLRoverHook().test_connection()
+    assert not ok and "secret" not in msg and "unavailable" in msg

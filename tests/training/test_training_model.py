@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrover_core.errors import InputError
+from dlrover_core.errors import InputError, SpecError
 from dlrover_core.spec import ModelSpec
 from dlrover_core.training.data import SyntheticCriteo, from_spec
 from dlrover_core.training.metrics import auc, logloss
@@ -86,8 +86,10 @@ def test_dense_tower_parameters_match_the_spec_count() -> None:
     ],
 )
 def test_specs_that_are_no_dlrm_are_refused(overrides: dict[str, object]) -> None:
-    with pytest.raises(InputError):
+    # refused when the spec is validated, before any worker starts (one line naming the field)
+    with pytest.raises(SpecError) as ei:
         DenseTower(model_spec(**overrides))
+    assert len(ei.value.problems) == 1 and ei.value.problems[0].startswith("model")
 
 
 def test_to_kjt_puts_one_id_per_feature_per_sample() -> None:

@@ -1,0 +1,84 @@
+"""One logging setup for the CLI (and anything else that runs dlrover-rm as a program).
+
+``setup(level, json_lines=False)`` configures the root logger once: a plain line format on
+stderr, or one JSON object a line (``--log-json``: ``ts``, ``level``, ``logger``, ``msg``, and
+``exc`` when there is a traceback), for log collectors. Every record passes through
+:func:`~dlrover_core.history.redact.redact_text`, so a URL's password never reaches a log line.
+Third-party noise (the pynvml deprecation warning torch triggers, the open-source DLRover's
+INFO chatter on import) is turned down here as well.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from typing import Any, TextIO
+
+from dlrover_core.history.redact import redact_text
+
+LEVELS = ("debug", "info", "warning", "error")
+PYNVML_FILTER = "ignore:The pynvml package is deprecated:FutureWarning"
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class RedactingFilter(logging.Filter):
+    """Hide ``scheme://user:password@`` in every record's message and arguments."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        clean = redact_text(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
+
+
+class JsonLinesFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + "Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = redact_text(self.formatException(record.exc_info))
+        return json.dumps(out, default=str)
+
+
+def quiet_third_party() -> None:
+    """Silence warnings and chatter that are not ours (idempotent)."""
+    # torch probes pynvml at import (pulled in by the optional open-source DLRover); the
+    # environment variable carries the filter into node processes, whose logs start clean
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+    current = os.environ.get("PYTHONWARNINGS", "")
+    if PYNVML_FILTER not in current:
+        os.environ["PYTHONWARNINGS"] = f"{current},{PYNVML_FILTER}" if current else PYNVML_FILTER
+    # the open-source DLRover reads its level from this variable at import time
+    os.environ.setdefault("DLROVER_LOG_LEVEL", "WARNING")
+    for name in ("dlrover.logger", "tornado.access", "urllib3", "kfp"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def setup(
+    level: str = "warning", *, json_lines: bool = False, stream: TextIO | None = None
+) -> None:
+    """Configure the root logger: ``level`` (debug/info/warning/error), plain or JSON lines."""
+    lvl = str(level).lower()
+    if lvl not in LEVELS:
+        raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+    quiet_third_party()
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonLinesFormatter() if json_lines else logging.Formatter(PLAIN_FORMAT))
+    handler.addFilter(RedactingFilter())
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_dlrover_rm", False):
+            root.removeHandler(h)
+    handler._dlrover_rm = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, lvl.upper()))
