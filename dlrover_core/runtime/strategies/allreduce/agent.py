@@ -371,6 +371,7 @@ class RankAgent:
 
     def _run(self) -> int:
         self._configure()
+        self._event("warm")
         if not self._wait_released():
             return EXIT_OK
         self._event("released")
@@ -426,6 +427,7 @@ class RankAgent:
                 for rec in latest.meta.shards:
                     self._report(rec)
         pending: list[ShardRecord] = []
+        self._event("ready")
         last_ckpt = time.monotonic()
         first = True
         buf_len = 2 + 2 * a.world_size

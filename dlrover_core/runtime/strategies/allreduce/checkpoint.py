@@ -53,6 +53,7 @@ __all__ = [
     "CheckpointStore",
     "ShardRecord",
     "load_into",
+    "evaluate_checkpoint",
     "load_local_model",
     "save_collective",
 ]
@@ -236,3 +237,22 @@ def load_local_model(spec: JobSpec, path: Path) -> LocalDLRM:
     dcp.load(sd, checkpoint_id=str(path), no_dist=True)
     model.load_state_dict(sd["model"])
     return model
+
+
+def evaluate_checkpoint(
+    spec: JobSpec, root: str | os.PathLike[str], n: int | None = None
+) -> tuple[float, float]:
+    """``(auc, logloss)`` on the held-out rows (``data.eval_rows`` by default) of the latest
+    complete checkpoint under ``root``, in one process: what the controller reports at the
+    end of an all-reduce job."""
+    from dlrover_core.training.data import from_spec
+    from dlrover_core.training.model import evaluate
+
+    latest = CheckpointStore(root).latest()
+    if latest is None:
+        raise InputError(
+            f"no complete checkpoint under {root}: the group never finished a checkpoint"
+        )
+    model = load_local_model(spec, latest.path)
+    rows = spec.data.eval_rows if n is None else n
+    return evaluate(model.tower, model.lookup, from_spec(spec).eval_rows(rows))
