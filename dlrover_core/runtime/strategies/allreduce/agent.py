@@ -102,6 +102,10 @@ SPEC_FILE = "spec.json"
 CKPT_DIR = "allreduce-ckpt"
 EVENT_PREFIX = "ALLREDUCE-EVENT "
 
+DELAY_ENV = "DLROVER_RM_AR_ROUND_DELAY_S"
+"""Seconds rank 0 waits before each training round: slows a job down for resize and fault
+tests (a small job otherwise ends before a resize can happen)."""
+
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_UNAVAILABLE = 2
@@ -117,6 +121,7 @@ _CMD_NAMES = {1: "train", 2: "checkpoint", 3: "stop", 4: "done", 5: "wait"}
 
 __all__ = [
     "CKPT_DIR",
+    "DELAY_ENV",
     "EVENT_PREFIX",
     "EXIT_FATAL",
     "EXIT_NOT_RELEASED",
@@ -510,6 +515,9 @@ class RankAgent:
                 break
             taken.append(reply.shard)
         if taken:
+            delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+            if delay > 0:
+                time.sleep(delay)
             return CMD_TRAIN, taken
         assert reply is not None
         if reply.stop:
