@@ -51,6 +51,9 @@ RANK_ENV: dict[str, str] = {
     # ENVIRONMENT.md: kill/restart/scale of gloo groups only work with this set
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     "PYTHONWARNINGS": "ignore",
+    # OpenMP threads sleep instead of spinning when they wait: on a shared machine a spinning
+    # 2-thread rank ran 6-20x slower (836-2953 vs 16.6k samples/s, benchmarks/allreduce_throughput.py)
+    "OMP_WAIT_POLICY": "PASSIVE",
 }
 
 
