@@ -80,14 +80,24 @@ def main() -> None:
     print("--------------------------+--------+---------+-------")
     print(f"{a.ranks} all-reduce ranks (DMP)  | {auc:.4f} | {ll:.4f}  | {wall:.1f}")
     print(f"one process (LocalDLRM)   | {b_auc:.4f} | {b_ll:.4f}  | {b_wall:.1f}")
-    print(f"difference {diff:+.4f} (bar: |diff| <= 0.01: {'ok' if abs(diff) <= 0.01 else 'MISSED'})"
-          f"; exactly once: {once}")
-    write_json(a.json, {
-        "rows": a.rows, "ranks": a.ranks, "global_batch": global_batch,
-        "allreduce": {"auc": auc, "logloss": ll, "wall_s": wall},
-        "one_process": {"auc": b_auc, "logloss": b_ll, "train_s": b_wall},
-        "auc_diff": diff, "within_0_01": abs(diff) <= 0.01, "exactly_once": once, "shards": s,
-    })
+    print(
+        f"difference {diff:+.4f} (bar: |diff| <= 0.01: {'ok' if abs(diff) <= 0.01 else 'MISSED'})"
+        f"; exactly once: {once}"
+    )
+    write_json(
+        a.json,
+        {
+            "rows": a.rows,
+            "ranks": a.ranks,
+            "global_batch": global_batch,
+            "allreduce": {"auc": auc, "logloss": ll, "wall_s": wall},
+            "one_process": {"auc": b_auc, "logloss": b_ll, "train_s": b_wall},
+            "auc_diff": diff,
+            "within_0_01": abs(diff) <= 0.01,
+            "exactly_once": once,
+            "shards": s,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -59,9 +59,10 @@ def main() -> None:
     d = spec_dict(**{"data.rows": a.rows, "pacing.heartbeat_interval_s": 0.2})
     opts = AllReduceOptions(checkpoint_interval_s=5.0)
     out: dict[str, Any] = {"rows": a.rows, "prewarmed": not a.cold, "resizes": []}
-    with tempfile.TemporaryDirectory() as tmp, LocalGroupHarness(
-        Path(tmp) / "run", d, options=opts
-    ) as h:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalGroupHarness(Path(tmp) / "run", d, options=opts) as h,
+    ):
         t0 = time.monotonic()
         gens = [h.launch(1)]
         total = h.shards()["total"]
@@ -96,15 +97,26 @@ def main() -> None:
         )
         out["auc"], out["logloss"] = evaluate_checkpoint(h.spec, h.run_dir / CKPT_DIR)
     keys = ["checkpoint_s", "exit_s", "gate_s", "register_s", "join_s", "build_s", "load_s"]
-    print(table(
-        [[f"{r['from']} -> {r['to']}", r["downtime_s"], *(r[k] for k in keys),
-          r["request_to_stop_s"]] for r in out["resizes"]],
-        ["resize", "downtime s", *keys, "request->stop s"],
-    ))
+    print(
+        table(
+            [
+                [
+                    f"{r['from']} -> {r['to']}",
+                    r["downtime_s"],
+                    *(r[k] for k in keys),
+                    r["request_to_stop_s"],
+                ]
+                for r in out["resizes"]
+            ],
+            ["resize", "downtime s", *keys, "request->stop s"],
+        )
+    )
     s = out["shards"]
-    print(f"exactly once: {out['exactly_once']} (done {s['done']}/{s['total']}, duplicates "
-          f"{s['completed_twice']}), AUC {out['auc']:.4f}, wall {out['wall_s']:.1f} s, "
-          f"{'pre-warmed' if not a.cold else 'cold'} relaunch")
+    print(
+        f"exactly once: {out['exactly_once']} (done {s['done']}/{s['total']}, duplicates "
+        f"{s['completed_twice']}), AUC {out['auc']:.4f}, wall {out['wall_s']:.1f} s, "
+        f"{'pre-warmed' if not a.cold else 'cold'} relaunch"
+    )
     write_json(a.json, out)
 
 

@@ -67,18 +67,34 @@ def main() -> None:
                 r["repeat"] = i
                 runs.append(r)
                 print(f"  {world} rank(s): {r['throughput_sps']:.0f} samples/s", flush=True)
-    med = {w: statistics.median(r["throughput_sps"] for r in runs if r["world_size"] == w)
-           for w in (1, 2)}
-    print(table(
-        [[r["repeat"], r["world_size"], r["threads_per_rank"], r["train_s"],
-          round(r["throughput_sps"])] for r in runs],
-        ["repeat", "ranks", "threads/rank", "train s", "samples/s"],
-    ))
+    med = {
+        w: statistics.median(r["throughput_sps"] for r in runs if r["world_size"] == w)
+        for w in (1, 2)
+    }
+    print(
+        table(
+            [
+                [
+                    r["repeat"],
+                    r["world_size"],
+                    r["threads_per_rank"],
+                    r["train_s"],
+                    round(r["throughput_sps"]),
+                ]
+                for r in runs
+            ],
+            ["repeat", "ranks", "threads/rank", "train s", "samples/s"],
+        )
+    )
     ratio = med[2] / med[1]
-    print(f"median: 1 rank {med[1]:.0f} samples/s, 2 ranks {med[2]:.0f} samples/s, "
-          f"ratio 2/1 = {ratio:.2f} (cores: {os.cpu_count()})")
-    write_json(a.json, {"runs": runs, "median_sps": med, "ratio_2_over_1": ratio,
-                        "cpu_count": os.cpu_count()})
+    print(
+        f"median: 1 rank {med[1]:.0f} samples/s, 2 ranks {med[2]:.0f} samples/s, "
+        f"ratio 2/1 = {ratio:.2f} (cores: {os.cpu_count()})"
+    )
+    write_json(
+        a.json,
+        {"runs": runs, "median_sps": med, "ratio_2_over_1": ratio, "cpu_count": os.cpu_count()},
+    )
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 NO_PS = RolePlan(0, NodeResources(0, 0))
+_PENDING_FLOOR = NodeResources(4000, 6144)  # DOMAIN.md: relaunch floors 4 CPU / 6 GiB
 _CPU_LEVELS = (500, 1000, 1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000)
 
 
@@ -275,7 +276,7 @@ class AllReduceStage3Config:
     memory_step_max_mib: int = 8_192  # DOMAIN.md: + at most 8 GiB
     memory_step_min_mib: int = 1_024
     pending_timeout_s: float = 900.0
-    pending_floor: NodeResources = NodeResources(4000, 6144)
+    pending_floor: NodeResources = _PENDING_FLOOR
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> AllReduceStage3Config:

@@ -48,24 +48,40 @@ def fitted(a0: float = 0.002, a1: float = 4e-5, c1: float = 0.004, c2: float = 0
 def test_resize_pays_only_when_the_remaining_time_saved_beats_its_cost() -> None:
     # 10k s left at 100/s -> 5k s at 200/s: saves 5000 s, a 10 s resize pays
     ok, why = resize_pays(
-        remaining_samples=1e6, current_sps=100, new_sps=200, current_cores=2, new_cores=4,
+        remaining_samples=1e6,
+        current_sps=100,
+        new_sps=200,
+        current_cores=2,
+        new_cores=4,
         cost_s=10,
     )
     assert ok and "saves 5000 s" in why
     # 10 s left: the speed-up saves 5 s, less than the 10 s resize
     ok, why = resize_pays(
-        remaining_samples=1000, current_sps=100, new_sps=200, current_cores=2, new_cores=4,
+        remaining_samples=1000,
+        current_sps=100,
+        new_sps=200,
+        current_cores=2,
+        new_cores=4,
         cost_s=10,
     )
     assert not ok and why.startswith("keep")
     # slower but cheaper: 4 cores x 100 s vs 2 cores x 110 s saves 180 core-s > 40 idle
     ok, _ = resize_pays(
-        remaining_samples=10_000, current_sps=100, new_sps=90.9, current_cores=4, new_cores=2,
+        remaining_samples=10_000,
+        current_sps=100,
+        new_sps=90.9,
+        current_cores=4,
+        new_cores=2,
         cost_s=10,
     )
     assert ok
     ok, _ = resize_pays(
-        remaining_samples=500, current_sps=100, new_sps=90.9, current_cores=4, new_cores=2,
+        remaining_samples=500,
+        current_sps=100,
+        new_sps=90.9,
+        current_cores=4,
+        new_cores=2,
         cost_s=10,
     )
     assert not ok
@@ -115,12 +131,23 @@ def test_stage2_never_plans_ranks_that_cannot_hold_the_tables() -> None:
     assert d.best_world_size >= 2
 
 
-def rank(node_id: int, util: float, mem_util: float = 0.3, state: NodeState = NodeState.RUNNING,
-         since: float = 0.0) -> NodeObservation:
+def rank(
+    node_id: int,
+    util: float,
+    mem_util: float = 0.3,
+    state: NodeState = NodeState.RUNNING,
+    since: float = 0.0,
+) -> NodeObservation:
     res = NodeResources(2000, 4096)
     return NodeObservation(
-        Role.WORKER, node_id, state, res, cpu_used_millicores=int(2000 * util),
-        memory_used_mib=int(4096 * mem_util), state_since_s=since, throughput_sps=100.0,
+        Role.WORKER,
+        node_id,
+        state,
+        res,
+        cpu_used_millicores=int(2000 * util),
+        memory_used_mib=int(4096 * mem_util),
+        state_since_s=since,
+        throughput_sps=100.0,
     )
 
 
@@ -149,8 +176,12 @@ def test_stage3_oom_adds_memory_then_ranks() -> None:
     spec = ar_spec(quota__cpu=16, quota__memory="64Gi", constraints__workers__max=8)
     p = allreduce_post_scale(spec, PLAN, [obs(1, rank(0, 0.5))], now_s=1, oom_node_ids=[0])
     assert p is not None and p.workers.resources.memory_mib == 8192 and p.workers.count == 3
-    pinned = ar_spec(constraints__workers__memory="4Gi", constraints__workers__max=8,
-                     quota__cpu=16, quota__memory="64Gi")
+    pinned = ar_spec(
+        constraints__workers__memory="4Gi",
+        constraints__workers__max=8,
+        quota__cpu=16,
+        quota__memory="64Gi",
+    )
     p = allreduce_post_scale(pinned, PLAN, [obs(1, rank(0, 0.5))], now_s=1, oom_node_ids=[0])
     # memory is pinned; the tiny tables already fit, so one more rank is the spread
     assert p is not None and p.workers.count == 4 and p.stage is Stage.POST_SCALING

@@ -86,7 +86,9 @@ def test_a_dimension_the_fused_kernels_cannot_take() -> None:
     spec = ar_spec(model__embedding_dim=6, model__dense_arch=[64, 6])
     lines = problems(spec, 2, options=AllReduceOptions(sharding=("table_wise",)))
     assert [line.split(":")[0] for line in lines] == ["table 'a'", "table 'b'"]
-    assert all("embedding_dim 6 is not a multiple of 4" in ln and "data_parallel" in ln for ln in lines)
+    assert all(
+        "embedding_dim 6 is not a multiple of 4" in ln and "data_parallel" in ln for ln in lines
+    )
     validate_allreduce(spec, 2, AllReduceOptions(sharding=("data_parallel",)))
 
 
@@ -168,8 +170,14 @@ def test_round_split_runs_the_same_steps_on_every_rank_and_covers_each_row_once(
 
 @pytest.mark.parametrize(
     ("code", "kind", "relaunch"),
-    [(0, "ok", False), (EXIT_FATAL, "fatal", False), (EXIT_PEER_LOST, "peer_lost", True),
-     (-9, "killed", True), (137, "killed", True), (5, "failed", True)],
+    [
+        (0, "ok", False),
+        (EXIT_FATAL, "fatal", False),
+        (EXIT_PEER_LOST, "peer_lost", True),
+        (-9, "killed", True),
+        (137, "killed", True),
+        (5, "failed", True),
+    ],
 )
 def test_exit_codes_read_for_the_controller(code: int, kind: str, relaunch: bool) -> None:
     r = read_exit(code)
@@ -199,7 +207,7 @@ def test_a_checkpoint_counts_only_once_committed(tmp_path: Path) -> None:
     # a directory without meta.json is not a checkpoint
     (tmp_path / "ckpt-00000009").mkdir()
     assert store.latest() == c
-    with pytest.raises(InputError, match="no DCP .metadata"):
+    with pytest.raises(InputError, match=r"no DCP \.metadata"):
         store.commit(tmp_path / "nothing", meta)
 
 

@@ -534,7 +534,7 @@ class RankAgent:
             return
         # another node's take (an earlier generation): the RPC takes any worker id; the
         # client has no parameter for it, so call the method through its retrying path
-        self.client._call(  # noqa: SLF001
+        self.client._call(
             "ShardDone",
             {
                 "worker_id": rec.worker_id,

@@ -52,8 +52,8 @@ __all__ = [
     "CheckpointMeta",
     "CheckpointStore",
     "ShardRecord",
-    "load_into",
     "evaluate_checkpoint",
+    "load_into",
     "load_local_model",
     "save_collective",
 ]

@@ -204,9 +204,10 @@ def validate_allreduce(
     gpu = backend == "nccl" and cuda_available
     allowed = ALL_SHARDING_TYPES if gpu else CPU_SHARDING_TYPES
     seen_bad: set[str] = set()
-    for label, types in [("sharding", opts.sharding)] + [
-        (f"sharding for table {t!r}", v) for t, v in sorted(opts.sharding_by_table.items())
-    ]:
+    labelled: list[tuple[str, tuple[str, ...]]] = [("sharding", opts.sharding)] + [
+        (f"sharding for table {name!r}", v) for name, v in sorted(opts.sharding_by_table.items())
+    ]
+    for label, types in labelled:
         if not types:
             problems.append(f"{label}: is empty; give at least one of {', '.join(allowed)}")
         for st in types:
@@ -223,15 +224,15 @@ def validate_allreduce(
                     f"{label}: {st} needs CUDA (nccl) and this job runs on CPU (gloo); use "
                     f"{', '.join(CPU_SHARDING_TYPES)}"
                 )
-    for t in spec.model.embedding_tables:
-        types = [st for st in opts.types_for(t.name) if st in allowed]
-        if not types:
+    for table in spec.model.embedding_tables:
+        usable = [st for st in opts.types_for(table.name) if st in allowed]
+        if not usable:
             continue
-        dim = spec.model.table_dim(t)
-        if dim % 4 and not set(types) - _FUSED:
+        dim = spec.model.table_dim(table)
+        if dim % 4 and not set(usable) - _FUSED:
             problems.append(
-                f"table {t.name!r}: embedding_dim {dim} is not a multiple of 4, which "
-                f"{', '.join(types)} need (fbgemm's fused kernel); use a dimension divisible by 4 "
+                f"table {table.name!r}: embedding_dim {dim} is not a multiple of 4, which "
+                f"{', '.join(usable)} need (fbgemm's fused kernel); use a dimension divisible by 4 "
                 "or allow data_parallel for it"
             )
     w = spec.constraints.workers

@@ -11,6 +11,7 @@ node id grows per relaunch, the rank is kept).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,7 +53,7 @@ RANK_ENV: dict[str, str] = {
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     "PYTHONWARNINGS": "ignore",
     # OpenMP threads sleep instead of spinning when they wait: on a shared machine a spinning
-    # 2-thread rank ran 6-20x slower (836-2953 vs 16.6k samples/s, benchmarks/allreduce_throughput.py)
+    # 2-thread rank ran 6-20x slower (836-2953 vs 16.6k samples/s, see notes/issue-9.md)
     "OMP_WAIT_POLICY": "PASSIVE",
 }
 
@@ -274,10 +275,8 @@ class LocalGroupHarness:
     def kill(self, ranks: Sequence[RankProcess] | None = None, sig: int = signal.SIGKILL) -> None:
         for rp in ranks if ranks is not None else self.ranks:
             if rp.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(rp.proc.pid, sig)
-                except ProcessLookupError:
-                    pass
 
     def wait_for(
         self, cond: Callable[[], bool], timeout: float, what: str, poll_s: float = 0.05
@@ -300,10 +299,8 @@ class LocalGroupHarness:
     def close(self) -> None:
         for rp in self.all_processes():
             if rp.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(rp.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 rp.proc.wait(10)
         self.server.stop(0)
         self.state.close()
