@@ -4,8 +4,9 @@ where it goes; exactly once and the AUC at the end.
     python benchmarks/allreduce_resize.py [--rows 300000] [--cold] [--json OUT]
 
 The controller's part is played by LocalGroupHarness (real master service, real rank
-processes). A resize: the new generation is started pre-warmed (``--after-generation``: it
-imports torch/torchrec and waits), the old one is asked to stop (the master's request_stop),
+processes). A resize: the new generation is started pre-warmed as soon as the old one trains
+(``--after-generation``: it imports torch/torchrec and waits), at 10 % (then 40 %) of the
+shards done the old one is asked to stop (the master's request_stop),
 checkpoints (DCP, final) and exits; the new one joins, plans the sharding for its size and
 loads the checkpoint resharded. ``--cold`` starts the new generation only after the old one
 exited (what a plain relaunch costs).
@@ -67,18 +68,23 @@ def main() -> None:
         gens = [h.launch(1)]
         total = h.shards()["total"]
         for size, at in ((2, 0.1), (1, 0.4)):
-            h.wait_for(lambda at=at: h.shards()["done"] >= at * total, 600, f"{at:.0%} done")
             if a.cold:
+                h.wait_for(lambda at=at: h.shards()["done"] >= at * total, 900, f"{at:.0%} done")
                 t_req = time.time()
                 h.request_stop(gens[-1])
                 h.wait(gens[-1])
                 new = h.launch(size)
             else:
+                # start the next generation as soon as this one trains: its import overlaps
+                # with training, and it joins once this one leaves at its final checkpoint
+                old = gens[-1]
+                h.wait_for(lambda old=old: old[0].event("ready") is not None, 900, "ready")
                 new = h.launch(size, after_previous=True)
-                h.wait_for(lambda new=new: all(rp.event("warm") for rp in new), 300, "warm")
+                h.wait_for(lambda new=new: all(rp.event("warm") for rp in new), 900, "warm")
+                h.wait_for(lambda at=at: h.shards()["done"] >= at * total, 900, f"{at:.0%} done")
                 t_req = time.time()
-                h.request_stop(gens[-1])
-                h.wait(gens[-1])
+                h.request_stop(old)
+                h.wait(old)
             if gens[-1][0].event("stop_seen") is None:
                 raise RuntimeError("the job ended before the resize: raise --rows")
             h.wait_for(lambda new=new: new[0].event("ready") is not None, 300, "ready")
