@@ -397,16 +397,18 @@ class RankAgent:
     def _group(self, backend: str) -> int:
         import torch
         import torch.distributed as dist
+        from torchrec.distributed.planner.types import PlannerError
 
         from dlrover_core.runtime.strategies.allreduce.trainer import RankTrainer
 
         a = self.args
         try:
             trainer = RankTrainer(self.spec, a.options, backend=backend)
-        except DLRoverError:
-            raise
-        except (ValueError, TypeError) as e:  # torchrec PlannerError is a ValueError... or not
-            raise DLRoverError(f"torchrec cannot shard this model: {_first_line(e)}") from e
+        except PlannerError as e:  # e.g. the tables do not fit the ranks' memory
+            raise DLRoverError(
+                f"torchrec's planner cannot shard this model over {a.world_size} rank(s): "
+                f"{_first_line(e)}; allow more sharding types or plan more ranks"
+            ) from e
         self._event("built", plan=trainer.plan_summary)
         latest = self.store.latest()
         head = torch.zeros(4, dtype=torch.int64)

@@ -35,8 +35,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-# imported here so a pre-warmed rank has them loaded before its gate (torch.distributed.optim's
-# import TorchScript-compiles optimizers: ~2 s here, measured)
 import torch.distributed.checkpoint
 import torch.distributed.optim
 import torch.nn.functional as F
@@ -52,6 +50,10 @@ from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
 from dlrover_core.spec import JobSpec
 from dlrover_core.training.data import Batch, DataSource, from_spec
 from dlrover_core.training.model import DenseTower, LocalDLRM, to_kjt
+
+# torch.distributed.checkpoint/.optim and torchrec.distributed are imported at the top so a
+# pre-warmed rank has them loaded before its gate (torch.distributed.optim's import
+# TorchScript-compiles optimizers: ~2 s here, measured; apply_optimizer_in_backward needs it)
 
 __all__ = [
     "RankTrainer",
