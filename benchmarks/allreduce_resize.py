@@ -9,7 +9,7 @@ processes). A resize: the new generation is started pre-warmed as soon as the ol
 shards done the old one is asked to stop (the master's request_stop),
 checkpoints (DCP, final) and exits; the new one joins, plans the sharding for its size and
 loads the checkpoint resharded. ``--cold`` starts the new generation only after the old one
-exited (what a plain relaunch costs).
+exited (what a plain relaunch costs; its "gate" column is then process start + imports).
 
 Downtime = first step of the new generation ("ready" on its rank 0) - last step of the old
 one ("stop_seen" on its rank 0: the round after which it stopped). Phases:
