@@ -735,14 +735,14 @@ class JobMaster:
                 rec is None
                 or rec.incarnation != n.incarnation
                 or rec.restored_seq is None
-                or rec.stats.get("restore_handled")
+                or rec.restore_handled
             ):
                 continue
             seq = int(rec.restored_seq)
             ids = self.state.shards.requeue_done_after(
                 seq, f"{n.name} incarnation {n.incarnation} restored a state tagged {seq}"
             )
-            rec.stats["restore_handled"] = 1.0
+            rec.restore_handled = True
             self.state.persist()
             if ids:
                 log.warning(

@@ -102,6 +102,7 @@ class NodeRecord:
     address: str | None = None  # a PS's serving address, from its registration
     generation: int = 0  # a PS's set generation
     restored_seq: int | None = None  # a PS: the done_seq tag of the state it restored
+    restore_handled: bool = False  # the shards its restore lost were re-queued (once)
     relaunches: dict[str, int] = field(default_factory=dict)  # per exit class
     resources: dict[str, int] | None = None  # as launched
     # monotonic seconds, never persisted
@@ -140,6 +141,7 @@ class NodeRecord:
             "address": self.address,
             "generation": self.generation,
             "restored_seq": self.restored_seq,
+            "restore_handled": self.restore_handled,
             "relaunches": dict(self.relaunches),
             "resources": self.resources,
         }
@@ -160,6 +162,7 @@ class NodeRecord:
             address=d.get("address"),
             generation=int(d.get("generation", 0)),
             restored_seq=d.get("restored_seq"),
+            restore_handled=bool(d.get("restore_handled", False)),
             relaunches={str(k): int(v) for k, v in dict(d.get("relaunches") or {}).items()},
             resources=d.get("resources"),
         )
@@ -357,6 +360,7 @@ class MasterState:
                 rec.address = None
                 rec.pid = None
                 rec.restored_seq = None
+                rec.restore_handled = False
             rec.incarnation = incarnation
             rec.restarts = max(rec.restarts, incarnation)
             rec.ref = ref

@@ -114,12 +114,18 @@ def test_generations_and_budgets_survive_a_restart(tmp_path: Path) -> None:
     g2 = s.begin_generation(2, ["/a", "/b"], 5, GEN_STARTING)
     s.record_launch(Role.PS, 0, 3, NodeResources(500, 512), ref="99", generation=g2["id"],
                     relaunches={"killed": 2})  # fmt: skip
+    s.register(Role.PS, 0, 99, 3, address="a:1", generation=g2["id"], restored_seq=4)
+    s.nodes[(Role.PS, 0)].restore_handled = True  # the controller re-queued once
+    s.persist()
     # killed: no close()
     s2 = MasterState(tmp_path, total_rows=100, shard_size=10)
+    again = s2.node(Role.PS, 0)
+    assert again is not None and again.restore_handled  # not re-queued by the next master
     assert [g["state"] for g in s2.generations] == [GEN_ACTIVE, GEN_STARTING]
     assert s2.generation(g2["id"])["restore_from"] == ["/a", "/b"]  # type: ignore[index]
     rec = s2.node(Role.PS, 0)
     assert rec is not None and (rec.incarnation, rec.ref, rec.generation) == (3, "99", 2)
+    assert rec.restored_seq == 4
     assert rec.relaunches == {"killed": 2} and g1["id"] == 1
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.master_client import MasterClient
-from dlrover_core.runtime.service import MasterState, serve_master
+from dlrover_core.runtime.service import serve_master
+from dlrover_core.runtime.state import MasterState
 from dlrover_core.runtime.strategies.allreduce.agent import RankAgent, RankArgs
 from dlrover_core.runtime.strategies.allreduce.checkpoint import ShardRecord
 from dlrover_core.types import NodeState, Role

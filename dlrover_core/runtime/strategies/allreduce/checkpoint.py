@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlrover_core.errors import InputError
-from dlrover_core.runtime.service import atomic_write_json
+from dlrover_core.runtime.files import atomic_write_json
 
 if TYPE_CHECKING:
     import torch.distributed as dist

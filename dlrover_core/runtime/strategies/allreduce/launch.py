@@ -165,7 +165,8 @@ class LocalGroupHarness:
         synchronous: str = "NORMAL",
     ) -> None:
         from dlrover_core.runtime import wire
-        from dlrover_core.runtime.service import MasterState, serve_master
+        from dlrover_core.runtime.service import serve_master
+        from dlrover_core.runtime.state import MasterState
         from dlrover_core.spec import load_spec
 
         self.run_dir = Path(run_dir)
