@@ -510,9 +510,10 @@ class _Caller:
     """Runs API calls with the retry policy; ``no_retry`` statuses are returned to the caller
     as the ``ApiException`` (e.g. 409 on create means 'already there')."""
 
-    def __init__(self, host: str, policy: RetryPolicy) -> None:
+    def __init__(self, host: str, policy: RetryPolicy, stop: threading.Event | None = None) -> None:
         self.host = host
         self.policy = policy
+        self.stop = stop  # set: give up retrying at once (the backend is shutting down)
 
     def __call__(self, what: str, fn: Callable[[], _T], *, no_retry: Sequence[int] = ()) -> _T:
         p = self.policy
@@ -535,7 +536,8 @@ class _Caller:
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(retryable),
             wait=tenacity.wait_random_exponential(multiplier=p.initial_s, max=p.max_s),
-            stop=tenacity.stop_after_delay(p.outage_s),
+            stop=tenacity.stop_after_delay(p.outage_s)
+            | tenacity.stop_when_event_set(self.stop or threading.Event()),
             before_sleep=before_sleep,
             reraise=False,
         )
@@ -621,7 +623,10 @@ class KubernetesBackend:
             api_client = _default_client()
         self.api = api_client
         self.core = k8s.CoreV1Api(api_client)
-        self._call = _Caller(str(api_client.configuration.host), retry or RetryPolicy())
+        self._stopping = threading.Event()
+        self._call = _Caller(
+            str(api_client.configuration.host), retry or RetryPolicy(), self._stopping
+        )
         self._timeout = (retry or RetryPolicy()).request_timeout_s
         self._clock = clock
         self._resync_s = resync_s
@@ -633,7 +638,6 @@ class KubernetesBackend:
         self._pods: dict[str, _Pod] = {}
         self._exits: list[NodeExit] = []
         self._error: KubernetesUnavailableError | None = None
-        self._stopping = threading.Event()
         self._kick = threading.Event()
         self._watcher: threading.Thread | None = None
         self._closed = False
@@ -656,26 +660,31 @@ class KubernetesBackend:
                 )
         created_mono = time.monotonic()
 
-        def create() -> Any:
-            return self.core.create_namespaced_pod(
-                self.cfg.namespace, pod, _request_timeout=self._timeout
-            )
+        def create() -> None:
+            try:
+                self.core.create_namespaced_pod(
+                    self.cfg.namespace, pod, _request_timeout=self._timeout, _preload_content=False
+                )
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                whose = self._whose(name, spec)
+                if whose == "ours":
+                    return  # an earlier attempt got through before its answer was lost
+                if whose == "foreign":
+                    raise InputError(
+                        f"pod {name} already exists in namespace {self.cfg.namespace} and is "
+                        f"not {spec.name} of job {self.cfg.job_name}; delete it or rename the job"
+                    ) from exc
+                raise  # a conflict without the pod: retried
 
         try:
-            self._call(f"create pod {name}", create, no_retry=(409,))
+            self._call(f"create pod {name}", create)
         except ApiException as exc:
-            if exc.status == 409 and self._is_ours(name, spec):
-                pass  # an earlier attempt got through before its answer was lost
-            elif exc.status == 409:
-                raise InputError(
-                    f"pod {name} already exists in namespace {self.cfg.namespace} and is not "
-                    f"{spec.name} of job {self.cfg.job_name}; delete it or rename the job"
-                ) from exc
-            else:
-                raise InputError(
-                    f"the API server refused pod {name}: HTTP {exc.status} {exc.reason}; "
-                    f"{_status_message(exc)}"
-                ) from exc
+            raise InputError(
+                f"the API server refused pod {name}: HTTP {exc.status} {exc.reason}; "
+                f"{_status_message(exc)}"
+            ) from exc
         handle = NodeHandle(spec.role, spec.node_id, spec.incarnation, name, self._clock())
         with self._lock:
             self._pods[name] = _Pod(handle, spec.resources, created_mono)
@@ -889,7 +898,8 @@ class KubernetesBackend:
 
     # ------------------------------------------------------------------ internals
 
-    def _is_ours(self, name: str, spec: NodeSpec) -> bool:
+    def _whose(self, name: str, spec: NodeSpec) -> Literal["ours", "foreign"] | None:
+        """Whether pod ``name`` is this very node of this job, someone else's, or absent."""
         try:
             pod = _as_dict(
                 self._call(
@@ -903,14 +913,17 @@ class KubernetesBackend:
                     no_retry=(404,),
                 )
             )
-        except ApiException:
-            return False
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        return labels.get(LABEL_JOB) == self.cfg.job_name and _identity(pod) == (
+        ours = labels.get(LABEL_JOB) == self.cfg.job_name and _identity(pod) == (
             spec.role,
             spec.node_id,
             spec.incarnation,
         )
+        return "ours" if ours else "foreign"
 
     def _node(self, handle: NodeHandle) -> _Pod:
         with self._lock:
@@ -996,6 +1009,8 @@ class KubernetesBackend:
                     self._kick.wait(self._resync_s)
                     self._kick.clear()
             except KubernetesUnavailableError as exc:
+                if self._stopping.is_set():
+                    return
                 log.error("%s", exc)
                 with self._lock:
                     self._error = exc

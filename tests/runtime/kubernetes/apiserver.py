@@ -124,6 +124,11 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------- test controls (any thread)
 
+    @property
+    def requests(self) -> list[kmock.Request]:
+        """Every request served so far (kmock's log), for assertions."""
+        return list(self._requests)
+
     def inject(
         self, status: int, *, method: str | None = None, path: str = ".*", times: int = 1
     ) -> None:
@@ -187,7 +192,9 @@ class ApiServer(kmock.KubernetesEmulator):
         if method == "POST":
             body = request.data or {}
             body_name = (body.get("metadata") or {}).get("name")
-            out = self._create((*base, ns or (body.get("metadata") or {}).get("namespace"), body_name), body)
+            out = self._create(
+                (*base, ns or (body.get("metadata") or {}).get("namespace"), body_name), body
+            )
             await self._notify()
             return aiohttp.web.json_response(out, status=201)
         if name is None:
@@ -249,7 +256,9 @@ class ApiServer(kmock.KubernetesEmulator):
         with self._guard:
             if key in self.store:
                 raise KubernetesError(
-                    status=409, reason="AlreadyExists", message=f'{key[2]} "{key[4]}" already exists'
+                    status=409,
+                    reason="AlreadyExists",
+                    message=f'{key[2]} "{key[4]}" already exists',
                 )
             obj = copy.deepcopy(body)
             meta = obj.setdefault("metadata", {})
@@ -270,7 +279,9 @@ class ApiServer(kmock.KubernetesEmulator):
         strategic = "strategic" in ctype
         if sub == "resize":
             if self.resize_mode == "absent":
-                raise KubernetesError(status=404, reason="NotFound", message="no resize subresource")
+                raise KubernetesError(
+                    status=404, reason="NotFound", message="no resize subresource"
+                )
             if self.resize_mode == "refuse":
                 raise KubernetesError(
                     status=422, reason="Invalid", message="pod resize is not allowed here"
@@ -291,7 +302,9 @@ class ApiServer(kmock.KubernetesEmulator):
         with self._guard:
             obj = self.store.get(key)
             if obj is None:
-                raise KubernetesError(status=404, reason="NotFound", message=f'"{key[4]}" not found')
+                raise KubernetesError(
+                    status=404, reason="NotFound", message=f'"{key[4]}" not found'
+                )
             new = _merge(obj, body, strategic)
             for k in ("uid", "creationTimestamp", "namespace", "name"):
                 new["metadata"][k] = obj["metadata"].get(k)
@@ -303,7 +316,9 @@ class ApiServer(kmock.KubernetesEmulator):
         with self._guard:
             obj = self.store.get(key)
             if obj is None:
-                raise KubernetesError(status=404, reason="NotFound", message=f'"{key[4]}" not found')
+                raise KubernetesError(
+                    status=404, reason="NotFound", message=f'"{key[4]}" not found'
+                )
             want = (body.get("metadata") or {}).get("resourceVersion")
             if want and want != obj["metadata"]["resourceVersion"]:
                 raise KubernetesError(
@@ -328,7 +343,9 @@ class ApiServer(kmock.KubernetesEmulator):
         with self._guard:
             obj = self.store.get(key)
             if obj is None:
-                raise KubernetesError(status=404, reason="NotFound", message=f'"{key[4]}" not found')
+                raise KubernetesError(
+                    status=404, reason="NotFound", message=f'"{key[4]}" not found'
+                )
             if key[2] == "pods":
                 spec = obj.get("spec") or {}
                 if grace is None:

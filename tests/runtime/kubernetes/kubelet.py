@@ -122,9 +122,9 @@ class KubeletStandIn:
         self.node_name = node_name
         self.capacity = capacity
         keep = ("PATH", "PYTHONPATH", "HOME", "LANG", "VIRTUAL_ENV", "TMPDIR")
-        self.base_env = base_env if base_env is not None else {
-            k: v for k, v in os.environ.items() if k in keep
-        }
+        self.base_env = (
+            base_env if base_env is not None else {k: v for k, v in os.environ.items() if k in keep}
+        )
         self.interval_s = interval_s
         self.bad_images = bad_images
         self.metrics_every_s = metrics_every_s
@@ -333,8 +333,12 @@ class KubeletStandIn:
         proc.max_rss_mib = max(proc.max_rss_mib, rss)
         if proc.memory_limit_mib and rss > proc.memory_limit_mib and not proc.oom:
             proc.oom = True
-            log.info("stand-in: %s over its memory limit (%.0f > %d MiB): OOM kill", name, rss,
-                     proc.memory_limit_mib)
+            log.info(
+                "stand-in: %s over its memory limit (%.0f > %d MiB): OOM kill",
+                name,
+                rss,
+                proc.memory_limit_mib,
+            )
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.popen.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -359,7 +363,10 @@ class KubeletStandIn:
         cpus = sorted(os.sched_getaffinity(0))
         n = max(1, min(len(cpus), -(-lim.cpu_millicores // 1000)))
         with contextlib.suppress(psutil.Error, OSError):
-            for p in [psutil.Process(proc.popen.pid), *psutil.Process(proc.popen.pid).children(True)]:
+            for p in [
+                psutil.Process(proc.popen.pid),
+                *psutil.Process(proc.popen.pid).children(True),
+            ]:
                 p.cpu_affinity(cpus[:n])
         res = container.get("resources") or {}
         self._status(
@@ -375,7 +382,9 @@ class KubeletStandIn:
             },
         )
 
-    def _finish(self, pod: dict[str, Any], container: dict[str, Any], proc: _Proc, code: int) -> None:
+    def _finish(
+        self, pod: dict[str, Any], container: dict[str, Any], proc: _Proc, code: int
+    ) -> None:
         meta = pod["metadata"]
         name, uid = meta["name"], meta["uid"]
         self.procs.pop(uid, None)
