@@ -30,6 +30,7 @@ official client, the backend, the kubelet stand-in) can talk to it over real HTT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime as dt
 import json
@@ -442,10 +443,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 if left <= 0:
                     break
                 async with self._changed:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), timeout=min(left, 0.5))
-                    except TimeoutError:
-                        pass
         except (ConnectionResetError, asyncio.CancelledError):
             return resp
         await resp.write_eof()

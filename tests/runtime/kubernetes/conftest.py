@@ -66,3 +66,4 @@ def make_backend(
 def kubelet(apiserver: ApiServerThread, tmp_path: Path) -> Iterator[KubeletStandIn]:
     with KubeletStandIn(apiserver.client(), NAMESPACE, tmp_path / "node") as kl:
         yield kl
+    assert kl.errors == [], f"the kubelet stand-in failed: {kl.errors}"

@@ -295,7 +295,7 @@ def test_watcher_outage_surfaces_through_poll(
     b.launch(_spec())
     apiserver.api.inject(503, method="GET", times=10_000)
     deadline = time.monotonic() + 15
-    with pytest.raises(KubernetesUnavailableError, match="list pods"):  # noqa: PT012
+    with pytest.raises(KubernetesUnavailableError, match="list pods"):
         while time.monotonic() < deadline:
             b.poll()
             time.sleep(0.05)
