@@ -96,8 +96,10 @@ __all__ = [
     "OwnerRef",
     "PodConfig",
     "RetryPolicy",
+    "backend_from_spec",
     "job_selector",
     "node_to_pod",
+    "owner_for_master",
     "pod_exit",
     "pod_name",
 ]
@@ -604,6 +606,7 @@ class KubernetesBackend:
         resize_enabled: bool = True,
         keep_failed_pods: bool = True,
         termination_grace_s: int = 30,
+        image_pull_policy: str = "IfNotPresent",
     ) -> None:
         self.cfg = PodConfig(
             namespace=namespace,
@@ -616,6 +619,7 @@ class KubernetesBackend:
             state_url=state_url,
             token_secret=token_secret,
             termination_grace_s=termination_grace_s,
+            image_pull_policy=image_pull_policy,
         )
         if resync_s <= 0:
             raise InputError(f"resync_s must be > 0, got {resync_s}")
@@ -890,6 +894,41 @@ class KubernetesBackend:
     def handles(self) -> list[NodeHandle]:
         with self._lock:
             return [n.handle for n in self._pods.values() if n.exit is None]
+
+    def event(
+        self, handle: NodeHandle, reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """Record a Kubernetes Event on the node's pod (``kubectl describe pod`` shows why the
+        master relaunched, resized or stopped it). Best effort: never raises for the API."""
+        now = _dt.datetime.now(tz=_dt.UTC)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{handle.ref}.",
+                "name": f"{handle.ref}.{int(now.timestamp() * 1e6):x}",
+                "namespace": self.cfg.namespace,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": handle.ref,
+                "namespace": self.cfg.namespace,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "dlrover-rm-master"},
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(
+                self.cfg.namespace, body, _request_timeout=self._timeout, _preload_content=False
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.info("could not record event %s on %s: %s", reason, handle.ref, _describe(exc))
 
     def sync(self) -> None:
         """One reconcile by list now (the watcher does this on its own; tests call it to
@@ -1373,3 +1412,60 @@ def iter_job_pods(api_client: k8s.ApiClient, namespace: str, job_name: str) -> I
         )
     )
     yield from data.get("items") or []
+
+
+def owner_for_master(api_client: k8s.ApiClient, namespace: str, pod_name: str) -> OwnerRef:
+    """What the node pods should be owned by when the master runs in pod ``pod_name``: the
+    Job controlling that pod when there is one (``dlrover-rm submit``: the nodes then outlive a
+    master pod the Job replaces, and the new master adopts them), else the pod itself (a KFP
+    or Airflow task pod: the nodes go with it)."""
+    core = k8s.CoreV1Api(api_client)
+    pod = _as_dict(core.read_namespaced_pod(pod_name, namespace, _preload_content=False))
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "Job":
+            return OwnerRef(
+                name=str(ref["name"]),
+                uid=str(ref["uid"]),
+                kind="Job",
+                api_version=str(ref.get("apiVersion", "batch/v1")),
+            )
+    return OwnerRef(name=pod_name, uid=str(meta.get("uid", "")))
+
+
+def backend_from_spec(
+    backend: Any,
+    job_name: str,
+    *,
+    owner: OwnerRef | None = None,
+    token_secret: str | None = None,
+    master_service: str | None = None,
+    api_client: k8s.ApiClient | None = None,
+    clock: Callable[[], float] = time.time,
+) -> KubernetesBackend:
+    """A ``KubernetesBackend`` from a validated ``spec.BackendSpec`` (``kind: kubernetes``)."""
+    if getattr(backend, "kind", None) != "kubernetes":
+        raise InputError(f"backend.kind is {getattr(backend, 'kind', None)!r}, not 'kubernetes'")
+    return KubernetesBackend(
+        backend.namespace,
+        backend.image,
+        job_name,
+        owner,
+        service_account=backend.service_account,
+        state_pvc=backend.state_pvc,
+        state_mount_path=backend.state_mount_path,
+        state_url=backend.state_url,
+        token_secret=token_secret,
+        master_service=master_service,
+        api_client=api_client,
+        clock=clock,
+        retry=RetryPolicy(
+            initial_s=backend.api_retry_initial_s,
+            max_s=backend.api_retry_max_s,
+            outage_s=backend.api_outage_s,
+        ),
+        resync_s=backend.resync_s,
+        resize_enabled=backend.resize,
+        termination_grace_s=backend.termination_grace_s,
+        image_pull_policy=backend.image_pull_policy,
+    )
