@@ -68,7 +68,18 @@ def render_example() -> str:
         "#   kubectl -n dlrover create secret generic small-token \\\n"
         "#     --from-literal=token=$(python -c 'import secrets; print(secrets.token_hex(32))')\n"
     )
-    return head + yaml.safe_dump_all(objs, sort_keys=False)
+    return head + yaml.dump_all(objs, Dumper=_BlockDumper, sort_keys=False)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the spec in the ConfigMap) as literal blocks, readable in git."""
+
+
+def _str(dumper: yaml.SafeDumper, s: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+
+
+_BlockDumper.add_representer(str, _str)
 
 
 @pytest.mark.parametrize(
