@@ -251,7 +251,9 @@ class PacingSpec(_Strict):
 class BackendSpec(_Strict):
     """Where nodes run: local processes, or pods (``kind: kubernetes``; the other fields are
     read only then). Durable state on Kubernetes lives on ``state_pvc`` (a ReadWriteMany claim
-    mounted in every pod) or at ``state_url`` (fsspec), never in a container's filesystem."""
+    mounted in every pod) or at ``state_url`` (fsspec), never in a container's filesystem;
+    ``dlrover-rm submit`` creates a claim for a job that names neither, ``train`` in a pod
+    refuses to start without one."""
 
     kind: Literal["local", "kubernetes"] = "local"
     namespace: str = "default"
@@ -284,12 +286,6 @@ class BackendSpec(_Strict):
             )
         if not self.image.strip():
             problems.append("backend.image is empty: give the image that holds dlrover-rm")
-        if not self.state_pvc and not self.state_url:
-            problems.append(
-                "backend.state_pvc or backend.state_url is required with kind kubernetes: "
-                "PS checkpoints and the master's state must outlive a pod (a ReadWriteMany "
-                "PVC name, or an fsspec URL such as s3://bucket/prefix)"
-            )
         if self.state_url and "://" not in self.state_url:
             problems.append(
                 f"backend.state_url {self.state_url!r} has no scheme: write e.g. "

@@ -1446,6 +1446,12 @@ def backend_from_spec(
     """A ``KubernetesBackend`` from a validated ``spec.BackendSpec`` (``kind: kubernetes``)."""
     if getattr(backend, "kind", None) != "kubernetes":
         raise InputError(f"backend.kind is {getattr(backend, 'kind', None)!r}, not 'kubernetes'")
+    if not backend.state_pvc and not backend.state_url:
+        raise InputError(
+            "backend.state_pvc or backend.state_url is required to run nodes on Kubernetes: "
+            "PS checkpoints and the master's state must outlive a pod (a ReadWriteMany PVC "
+            "name, e.g. dlrover-rm-state from deploy/kubernetes/pvc.yaml, or an fsspec URL)"
+        )
     return KubernetesBackend(
         backend.namespace,
         backend.image,
