@@ -135,6 +135,16 @@ def test_rbac_is_least_privilege() -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+def test_network_policies_admit_only_the_jobs_own_pods() -> None:
+    (deny,) = _docs(DEPLOY / "networkpolicy.yaml")
+    assert deny["spec"]["ingress"] == [] and deny["spec"]["policyTypes"] == ["Ingress"]
+    assert deny["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "dlrover-rm"}}
+    (per_job,) = [d for d in _docs(DEPLOY / "example-job.yaml") if d["kind"] == "NetworkPolicy"]
+    (rule,) = per_job["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": per_job["spec"]["podSelector"]}]
+    assert per_job["spec"]["podSelector"]["matchLabels"]["dlrover-rm/job"] == "small"
+
+
 def test_submit_objects_validate(version: str) -> None:
     for cfg in (
         _example_cfg(),
