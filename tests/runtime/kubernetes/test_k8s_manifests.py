@@ -134,7 +134,6 @@ def test_rbac_is_least_privilege() -> None:
     assert bound == set(roles)  # the node account is bound to nothing
 
 
-@pytest.mark.parametrize("version", VERSIONS)
 def test_network_policies_admit_only_the_jobs_own_pods() -> None:
     (deny,) = _docs(DEPLOY / "networkpolicy.yaml")
     assert deny["spec"]["ingress"] == [] and deny["spec"]["policyTypes"] == ["Ingress"]
@@ -145,6 +144,7 @@ def test_network_policies_admit_only_the_jobs_own_pods() -> None:
     assert per_job["spec"]["podSelector"]["matchLabels"]["dlrover-rm/job"] == "small"
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 def test_submit_objects_validate(version: str) -> None:
     for cfg in (
         _example_cfg(),
