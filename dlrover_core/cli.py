@@ -227,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--run-dir", required=True)
     st.set_defaults(func=cmd_status)
 
+    sub.add_parser(
+        "node",
+        help="run one node of a job (ps|worker); the job master starts these",
+        add_help=False,
+    )
+
     d = sub.add_parser("demo", help="the example, end to end, on the embedded defaults")
     d.add_argument("--jobs", type=int, default=200)
     d.add_argument("--run-dir", default=None, help="where the demo's runs and history go")
@@ -238,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     # torch probes pynvml (pulled in by the optional open-source DLRover); not our concern
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["node"]:  # a node of a running job: its own parser (see runtime/node.py)
+        from dlrover_core.runtime.node import main as node_main
+
+        return node_main(raw[1:])
     args = build_parser().parse_args(argv)
     if getattr(args, "jobs", 1) is not None and getattr(args, "jobs", 1) < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)

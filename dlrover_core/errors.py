@@ -13,6 +13,7 @@ class ErrorKind(StrEnum):
     INFEASIBLE = "infeasible"
     NOT_FOUND = "not_found"
     UNAVAILABLE = "unavailable"
+    CONFLICT = "conflict"
 
 
 class DLRoverError(Exception):

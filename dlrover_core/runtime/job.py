@@ -66,7 +66,7 @@ def train(
     history_url: str | None = None,
 ) -> dict[str, Any]:
     from dlrover_core.runtime.backends.local import LocalBackend
-    from dlrover_core.runtime.master import JobMaster
+    from dlrover_core.runtime.controller import JobMaster
 
     if spec.backend.kind != "local":
         raise InputError(

@@ -23,8 +23,9 @@ from typing import Any
 import grpc
 
 from dlrover_core.errors import DLRoverError, ErrorKind
-from dlrover_core.runtime.service import ACTION_REGISTER, MASTER_SERVICE
+from dlrover_core.runtime.service import MASTER_SERVICE
 from dlrover_core.runtime.shards import Shard
+from dlrover_core.runtime.state import ACTION_REGISTER
 from dlrover_core.runtime.wire import Client, Message
 from dlrover_core.types import Role
 
@@ -51,6 +52,7 @@ class Registration:
     ps_version: int
     config: dict[str, Any] = field(default_factory=dict)
     master_id: str = ""
+    done_seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class HeartbeatReply:
     action: str  # "", "stop" or "register" (the client re-registers by itself)
     ps_addresses: tuple[str, ...]
     ps_version: int
+    done_seq: int | None = None
 
     @property
     def stop(self) -> bool:
@@ -103,6 +106,7 @@ class MasterClient:
         self._lock = threading.RLock()
         self._client = Client(address, MASTER_SERVICE, token, timeout_s=call_timeout_s)
         self._identity: tuple[Role, int, int | None, int] | None = None
+        self._extra: dict[str, Any] = {}
         self.master_id: str | None = None
         self.registrations = 0  # how many times this client registered (restarts seen + 1)
         self.held: dict[int, int] = {}  # shard id -> attempt, shards taken and not yet reported
@@ -170,7 +174,13 @@ class MasterClient:
         role, node_id, pid, incarnation = self._need_identity()
         msg = self._call_retrying(
             "Register",
-            {"role": role.value, "node_id": node_id, "pid": pid, "incarnation": incarnation},
+            {
+                "role": role.value,
+                "node_id": node_id,
+                "pid": pid,
+                "incarnation": incarnation,
+                **self._extra,
+            },
         )
         self.master_id = msg.get("master_id")
         self.registrations += 1
@@ -179,6 +189,7 @@ class MasterClient:
             int(msg.get("ps_version", 0)),
             dict(msg.get("config", {})),
             str(self.master_id or ""),
+            None if msg.get("done_seq") is None else int(msg.get("done_seq")),
         )
 
     def _need_identity(self) -> tuple[Role, int, int | None, int]:
@@ -189,11 +200,18 @@ class MasterClient:
     # --- the RPCs -----------------------------------------------------------------------------
 
     def register(
-        self, role: Role | str, node_id: int, pid: int | None = None, incarnation: int = 0
+        self,
+        role: Role | str,
+        node_id: int,
+        pid: int | None = None,
+        incarnation: int = 0,
+        **extra: Any,
     ) -> Registration:
-        """Register this node; later calls use this identity (and re-register with it)."""
+        """Register this node; later calls use this identity (and re-register with it).
+        ``extra``: e.g. a PS's ``address``, ``generation`` and ``restored_seq``."""
         with self._lock:
             self._identity = (Role(role), int(node_id), pid, int(incarnation))
+            self._extra = {k: v for k, v in extra.items() if v is not None}
             return self._register()
 
     def heartbeat(
@@ -227,13 +245,17 @@ class MasterClient:
                 str(msg.get("action", "")),
                 tuple(msg.get("ps_addresses", ())),
                 int(msg.get("ps_version", 0)),
+                None if msg.get("done_seq") is None else int(msg.get("done_seq")),
             )
 
     def get_shard(self) -> ShardReply:
         """Take a shard (or learn to wait, that all is done, or to stop)."""
         with self._lock:
-            node_id = self._need_identity()[1]
-            msg = self._call("GetShard", {"worker_id": node_id, "held": sorted(self.held)})
+            _, node_id, _, incarnation = self._need_identity()
+            msg = self._call(
+                "GetShard",
+                {"worker_id": node_id, "incarnation": incarnation, "held": sorted(self.held)},
+            )
             if "shard_id" in msg.fields:
                 shard = Shard.from_dict(msg.fields, node_id)
                 self.held[shard.shard_id] = shard.attempt
@@ -249,9 +271,10 @@ class MasterClient:
         """Report a finished shard; True if the master counted it (False: it was done before,
         the samples must not be counted again)."""
         with self._lock:
-            node_id = self._need_identity()[1]
+            _, node_id, _, incarnation = self._need_identity()
             fields: dict[str, Any] = {
                 "worker_id": node_id,
+                "incarnation": incarnation,
                 "shard_id": shard_id,
                 "samples": samples,
                 "loss": loss,

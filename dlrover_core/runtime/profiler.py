@@ -43,7 +43,7 @@ def run_trial(
     import time
 
     from dlrover_core.runtime.backends.local import LocalBackend
-    from dlrover_core.runtime.master import JobMaster
+    from dlrover_core.runtime.controller import JobMaster
 
     t0 = time.monotonic()
 

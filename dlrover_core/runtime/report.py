@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dlrover_core.runtime.service import MasterState, atomic_write_json
+from dlrover_core.runtime.files import atomic_write_json
+from dlrover_core.runtime.state import MasterState
 from dlrover_core.spec import JobSpec
 
 TIMELINE_FILE = "timeline.jsonl"
@@ -49,6 +50,7 @@ def write_report(
         "state": "failed" if failure is not None else ("stopped" if stopped else "succeeded"),
         "stopped": stopped,
         "failure": failure,
+        "reason": failure or stopped,
         "samples_total": q.samples_total,
         "samples_done": q.samples_done,
         "shards_total": counts["total"],
@@ -56,6 +58,7 @@ def write_report(
         "shards_failed": counts["failed"],
         "shards_completed_twice": q.completed_twice,
         "shards_lost": q.lost,
+        "shards_replayed": q.replayed,
         "samples_retrained": q.samples_retrained,
         "throughput_sps": sum(tputs) / len(tputs) if tputs else 0.0,
         "wall_s": wall_s,

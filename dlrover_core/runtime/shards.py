@@ -43,7 +43,7 @@ from typing import Any
 
 from dlrover_core.errors import DLRoverError, InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class ShardState(StrEnum):
@@ -108,10 +108,18 @@ CREATE TABLE shards (
     done_at REAL,
     done_by INTEGER,
     done_attempt INTEGER,
+    done_seq INTEGER,
     last_reason TEXT
 );
 CREATE INDEX shards_by_state ON shards(state, id);
 CREATE INDEX shards_by_worker ON shards(worker_id, state);
+CREATE TABLE replays (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    shard_id INTEGER NOT NULL,
+    done_seq INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL
+);
 CREATE TABLE duplicates (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     shard_id INTEGER NOT NULL,
@@ -182,13 +190,26 @@ class ShardQueue:
             raise InputError("invalid shard queue parameters", problems=problems)
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(p), isolation_level=None, check_same_thread=False, timeout=30)
         try:
+            conn = sqlite3.connect(
+                str(p), isolation_level=None, check_same_thread=False, timeout=30
+            )
+        except sqlite3.Error as e:
+            raise InputError(
+                f"cannot open the shard queue {p}: {e}; check the run directory"
+            ) from None
+        try:
+            conn.execute("PRAGMA busy_timeout=30000")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-            conn.execute("PRAGMA busy_timeout=30000")
             q = cls(conn, p, total_rows, shard_size, epochs, max_attempts, clock)
             q._create_or_resume()
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise InputError(
+                f"the shard queue {p} is unreadable ({e}): restore it from a backup, or start "
+                "the job in a new run directory"
+            ) from None
         except BaseException:
             conn.close()
             raise
@@ -201,7 +222,16 @@ class ShardQueue:
             ).fetchone()
             if exists:
                 meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
-                stored = {k: int(meta[k]) for k in ("total_rows", "shard_size", "epochs")}
+                try:
+                    stored = {k: int(meta[k]) for k in ("total_rows", "shard_size", "epochs")}
+                except (KeyError, ValueError) as e:
+                    raise sqlite3.DatabaseError(f"its meta table lacks {e}") from None
+                if int(meta.get("schema_version", 1)) != SCHEMA_VERSION:
+                    raise InputError(
+                        f"the shard queue at {self.path} has schema "
+                        f"{meta.get('schema_version')}, this version needs {SCHEMA_VERSION}: "
+                        "finish the job with the version that started it, or start anew"
+                    )
                 wanted = {
                     "total_rows": self.total_rows,
                     "shard_size": self.shard_size,
@@ -235,6 +265,7 @@ class ShardQueue:
                     ("max_attempts", str(self.max_attempts)),
                     ("shards_total", str(self.shards_per_epoch * self.epochs)),
                     ("created_at", repr(self._clock())),
+                    ("done_seq", "0"),
                 ],
             )
             c.executemany(
@@ -334,11 +365,48 @@ class ShardQueue:
                 return False
             if attempt is None and state == ShardState.DOING and holder == worker_id:
                 attempt = attempts
+            seq = int(c.execute("SELECT value FROM meta WHERE key='done_seq'").fetchone()[0]) + 1
+            c.execute("UPDATE meta SET value=? WHERE key='done_seq'", (str(seq),))
             c.execute(
-                "UPDATE shards SET state='done', done_by=?, done_attempt=?, done_at=? WHERE id=?",
-                (worker_id, attempt, now, shard_id),
+                "UPDATE shards SET state='done', done_by=?, done_attempt=?, done_at=?, "
+                "done_seq=? WHERE id=?",
+                (worker_id, attempt, now, seq, shard_id),
             )
             return True
+
+    @property
+    def done_seq(self) -> int:
+        """The sequence number of the latest completion (0: none yet). Completions are
+        numbered 1, 2, ... in the order they were recorded; a PS checkpoint tagged with a
+        sequence number holds the updates of every shard done at or before it."""
+        return int(self._query("SELECT value FROM meta WHERE key='done_seq'")[0][0])
+
+    def requeue_done_after(self, seq: int, reason: str) -> list[int]:
+        """Done shards completed after sequence ``seq`` go back to todo (a PS restored a
+        checkpoint tagged ``seq`` and lost their updates: they are trained again). Each is
+        logged in ``replays``; the failure budget is not charged. Returns their ids."""
+        now = self._clock()
+        with self._tx() as c:
+            rows = c.execute(
+                "SELECT id, done_seq FROM shards WHERE state='done' AND done_seq>? ORDER BY id",
+                (seq,),
+            ).fetchall()
+            for sid, dseq in rows:
+                c.execute(
+                    "INSERT INTO replays(shard_id, done_seq, reason, at) VALUES (?,?,?,?)",
+                    (sid, dseq, reason, now),
+                )
+                c.execute(
+                    "UPDATE shards SET state='todo', worker_id=NULL, taken_at=NULL, done_by=NULL, "
+                    "done_attempt=NULL, done_at=NULL, done_seq=NULL, last_reason=? WHERE id=?",
+                    (reason, sid),
+                )
+            return [int(r[0]) for r in rows]
+
+    @property
+    def replayed(self) -> int:
+        """Shards trained again because a restored PS had lost their updates."""
+        return int(self._query("SELECT COUNT(*) FROM replays")[0][0])
 
     def release_worker(self, worker_id: int, reason: str) -> list[int]:
         """Give back every doing shard of ``worker_id`` (it died or left); each counts one
@@ -512,4 +580,6 @@ class ShardQueue:
             "samples_done": self.samples_done,
             "samples_total": self.samples_total,
             "samples_retrained": self.samples_retrained,
+            "replayed": self.replayed,
+            "done_seq": self.done_seq,
         }

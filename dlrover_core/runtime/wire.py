@@ -13,6 +13,7 @@ call without it (:class:`TokenInterceptor`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import struct
@@ -32,6 +33,9 @@ MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 _LEN = struct.Struct("<I")
 
 Arrays = dict[str, npt.NDArray[Any]]
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -129,13 +133,19 @@ Handler = Callable[[Message], tuple[dict[str, Any], Mapping[str, npt.ArrayLike]]
 _OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),  # two servers on one port would split one job's calls
 ]
 
 
 def _wrap(fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:
     def call(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            out = fn(decode(request))
+            msg = decode(request)
+        except Exception as e:
+            log.warning("malformed request body (%d bytes): %s", len(request), e)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request body: {e}")
+        try:
+            out = fn(msg)
         except RpcError as e:
             context.abort(e.code, e.message)
         if isinstance(out, tuple):

@@ -16,7 +16,7 @@ import pytest
 
 from dlrover_core import api
 from dlrover_core.runtime.backends.local import LocalBackend
-from dlrover_core.runtime.master import JobMaster
+from dlrover_core.runtime.controller import JobMaster
 from dlrover_core.spec import load_spec
 from dlrover_core.types import NodeOverride, NodeResources, ResourcePlan, Role, RolePlan, Stage
 

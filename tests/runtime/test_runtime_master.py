@@ -22,7 +22,8 @@ from dlrover_core.runtime.master_client import (
     MasterRejectedError,
     MasterUnavailableError,
 )
-from dlrover_core.runtime.service import STATE_FILE, MasterState, serve_master
+from dlrover_core.runtime.service import serve_master
+from dlrover_core.runtime.state import STATE_FILE, MasterState
 from dlrover_core.runtime.wire import RpcError, create_token
 from dlrover_core.types import NodeResources, NodeState, Role
 
@@ -331,7 +332,8 @@ def test_client_survives_a_master_restart_on_the_same_port(tmp_path: Path) -> No
 MASTER = textwrap.dedent(
     """
     import sys, time
-    from dlrover_core.runtime.service import MasterState, serve_master
+    from dlrover_core.runtime.service import serve_master
+    from dlrover_core.runtime.state import MasterState
     from dlrover_core.runtime.wire import read_token
     run_dir, port = sys.argv[1], int(sys.argv[2])
     state = MasterState(run_dir, total_rows=2000, shard_size=10)

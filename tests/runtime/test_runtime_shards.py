@@ -66,6 +66,8 @@ def test_shards_cover_every_row_of_every_epoch(tmp_path: Path) -> None:
         "samples_done": 210,
         "samples_total": 210,
         "samples_retrained": 0,
+        "replayed": 0,
+        "done_seq": 22,
     }
     assert q.done_by_worker() == {7: 22}
     q.check_conservation()
@@ -352,3 +354,29 @@ def test_sigkill_while_taking_and_completing_loses_and_repeats_nothing(tmp_path:
     assert q.completed_twice == 0
     assert q.samples_done == 3000
     q.close()
+
+
+def test_requeue_done_after_a_sequence_trains_those_shards_again(tmp_path: Path) -> None:
+    """A PS restored a checkpoint tagged with done_seq 2: shards done after it go back to todo
+    (logged as replays, no failure charged) and count once when done again."""
+    q = ShardQueue.open(tmp_path / "s.db", total_rows=40, shard_size=10)
+    for _ in range(4):
+        s = q.take(0)
+        assert s is not None
+        assert q.complete(s.shard_id, 0)
+    assert q.done_seq == 4
+    assert q.requeue_done_after(2, "ps-0 restored seq 2") == [2, 3]
+    assert q.counts()["todo"] == 2 and q.counts()["done"] == 2
+    for _ in range(2):
+        s = q.take(1)
+        assert s is not None and s.shard_id in (2, 3)
+        assert q.complete(s.shard_id, 1)
+    assert q.replayed == 2 and q.completed_twice == 0 and q.lost == 0
+    assert q.done_seq == 6
+
+
+def test_a_corrupt_shard_queue_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "shards.db"
+    path.write_bytes(b"this is not a sqlite database" * 100)
+    with pytest.raises(InputError, match=r"shards\.db.*unreadable"):
+        ShardQueue.open(path, total_rows=40, shard_size=10)

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.service import MasterState, serve_master
+from dlrover_core.runtime.service import serve_master
+from dlrover_core.runtime.state import MasterState
 from dlrover_core.runtime.strategies.ps.client import PSClient
 from dlrover_core.runtime.strategies.ps.server import PSServer, PSShard, restore_shard
 from dlrover_core.runtime.strategies.ps.worker import (

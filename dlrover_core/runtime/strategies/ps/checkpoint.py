@@ -110,6 +110,7 @@ class CheckpointInfo:
     sha256: str
     nbytes: int
     created_unix: float
+    tag: int = -1  # the master's shard done_seq the state includes (-1: unknown)
 
     @property
     def path(self) -> Path:
@@ -175,6 +176,7 @@ def save(
     directory: str | os.PathLike[str],
     step: int | None = None,
     keep: int = KEEP,
+    tag: int = -1,
 ) -> CheckpointInfo:
     """Write a checkpoint of ``shard`` (a PSShard or a ShardState) into ``directory``.
 
@@ -221,6 +223,7 @@ def save(
         "tables": [{"name": n, "dim": state.tables[n].dim} for n in names],
         "dense": [{"name": n, "shape": list(state.dense[n].weight.shape)} for n in dense_names],
         "created_unix": created,
+        "tag": int(tag),
     }
     mtmp = d / f".ckpt-{seq:08d}.json.{os.getpid()}.tmp"
     with open(mtmp, "w") as f:
@@ -230,7 +233,9 @@ def save(
     os.replace(mtmp, d / f"ckpt-{seq:08d}.json")
     _fsync_dir(d)
     _prune(d, keep)
-    return CheckpointInfo(d, seq, step, state.index, state.num_ps, digest, nbytes, created)
+    return CheckpointInfo(
+        d, seq, step, state.index, state.num_ps, digest, nbytes, created, int(tag)
+    )
 
 
 def _prune(directory: Path, keep: int) -> None:
@@ -298,6 +303,7 @@ def verify(manifest_path: str | os.PathLike[str]) -> CheckpointInfo:
         want_sha,
         want_bytes,
         float(m.get("created_unix", 0.0)),
+        int(m.get("tag", -1)),
     )
 
 

@@ -15,22 +15,32 @@ Push        fields tables, dims, counts, [lr]; arrays ids, grads   fields step
 PullDense   fields [names]                                         one array per parameter
 PushDense   fields [lr]; one gradient array per parameter          fields step
 InitDense   one array per parameter (first writer wins)            fields created (names)
-Checkpoint  fields [step]                                          fields path, step, skipped
+Checkpoint  fields [step, tag]                                     fields path, step, skipped
+Freeze      fields frozen (bool)                                   fields frozen
 Stats       —                                                      :meth:`PSShard.stats` + rss
 Ping        —                                                      fields index, num_ps, pid
 =========== ====================================================== ==========================
 
-Run one as a process::
+A *frozen* PS (a PS-set change is in progress) refuses every data call with UNAVAILABLE, so
+workers hold their pushes and wait for the new set: no update is applied to a set whose final
+checkpoint has been taken, and none is lost. Checkpoints carry a ``tag``: the master's shard
+``done_seq`` they include (every shard done at or before it has its updates in the state).
+
+Run one as a process (normally the controller does, as ``dlrover-rm node ps ...``)::
 
     python -m dlrover_core.runtime.strategies.ps.server --run-dir DIR --index I --num-ps N
-        [--port 0] [--restore-from DIR1,DIR2,...] [--checkpoint-every-s S] [--lr 0.05]
+        --master HOST:PORT --incarnation K --generation G [--restore-from DIR1,...]
+        [--restore-seq S] [--ckpt-dir D] [--checkpoint-every-s S] [--lr 0.05]
 
 It reads the job token from DIR, restores its state (its own latest checkpoint if one matches
-(I, N), else a re-shard of the --restore-from checkpoints), serves, writes
-``DIR/ps/ps-{I}.addr`` (JSON: address, pid, index, num_ps, restored_step, checkpoint_dir),
-checkpoints to ``DIR/ps/ps-{I}/`` every S seconds when something changed, and on SIGTERM
-stops serving, writes a final checkpoint and exits 0. Exit 1 means its checkpoints are unusable
-(a relaunch would not help).
+(I, N); else a re-shard of the --restore-from checkpoints, tagged --restore-seq; else empty),
+writes a checkpoint of a re-sharded or empty start at once (so a relaunch restores its own),
+serves on ``$DLROVER_RM_BIND_HOST`` (default loopback), registers its address
+(``$DLROVER_RM_ADVERTISE_HOST``:port) with the master, heartbeats, checkpoints every S seconds
+when something changed, and stops (final checkpoint, exit 0) on SIGTERM, when the master says
+stop or refuses it as superseded, or when the master has been unreachable for
+``--dead-after-s``. Exit 1 means its checkpoints are unusable (a relaunch would not help).
+Without ``--master`` (tests, tools) it writes ``--addr-file`` instead of registering.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import grpc
 import numpy as np
 import numpy.typing as npt
 
@@ -539,22 +550,45 @@ class PSServer:
         self.last_checkpoint: ckpt.CheckpointInfo | None = None
         self._ckpt_version = -1
         self._ckpt_lock = threading.Lock()
+        self.tag = -1  # the master's done_seq last heard (checkpoints are tagged with it)
+        self.frozen = False
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def handlers(self) -> dict[str, wire.Handler]:
-        return {
+        data: dict[str, wire.Handler] = {
             "Pull": self._pull,
             "Push": self._push,
             "PullDense": self._pull_dense,
             "PushDense": self._push_dense,
             "InitDense": self._init_dense,
-            "Checkpoint": self._checkpoint,
-            "Stats": self._stats,
             "Ping": self._ping,
         }
+        return {
+            **{name: self._unless_frozen(name, fn) for name, fn in data.items()},
+            "Checkpoint": self._checkpoint,
+            "Freeze": self._freeze,
+            "Stats": self._stats,
+        }
+
+    def _unless_frozen(self, name: str, fn: wire.Handler) -> wire.Handler:
+        def call(msg: wire.Message) -> Any:
+            if self.frozen:
+                raise wire.RpcError(
+                    f"PS {self.shard.index} is frozen for a PS-set change: {name} refused; "
+                    "wait for the new PS set",
+                    grpc.StatusCode.UNAVAILABLE,
+                )
+            return fn(msg)
+
+        return call
+
+    def _freeze(self, msg: wire.Message) -> dict[str, Any]:
+        self.frozen = bool(msg.get("frozen", True))
+        log.info("PS %d %s", self.shard.index, "frozen" if self.frozen else "unfrozen")
+        return {"frozen": self.frozen}
 
     def start(self) -> int:
         self.server, self.port = wire.serve(
@@ -578,9 +612,11 @@ class PSServer:
             raise ValueError("this PS has no checkpoint directory")
         with self._ckpt_lock:
             version = self.shard.version
-            if self.last_checkpoint is not None and version == self._ckpt_version and not force:
-                return self.last_checkpoint
-            info = ckpt.save(self.shard, self.checkpoint_dir, step)
+            tag = self.tag  # read before the snapshot: the state holds at least this much
+            last = self.last_checkpoint
+            if last is not None and version == self._ckpt_version and not force and last.tag >= tag:
+                return last
+            info = ckpt.save(self.shard, self.checkpoint_dir, step, tag=tag)
             self.last_checkpoint = info
             self._ckpt_version = version
             return info
@@ -621,13 +657,20 @@ class PSServer:
         return {"created": self.shard.init_dense(msg.arrays)}
 
     def _checkpoint(self, msg: wire.Message) -> dict[str, Any]:
-        step = msg.get("step")
+        step, tag = msg.get("step"), msg.get("tag")
+        if tag is not None:
+            self.tag = max(self.tag, int(tag))
         try:
             before = self.last_checkpoint
             info = self.checkpoint(None if step is None else int(step))
         except (OSError, ValueError) as e:
             raise wire.RpcError(f"checkpoint failed on PS {self.shard.index}: {e}") from e
-        return {"path": str(info.path), "step": info.step, "skipped": info is before}
+        return {
+            "path": str(info.path),
+            "step": info.step,
+            "tag": info.tag,
+            "skipped": info is before,
+        }
 
     def _stats(self, msg: wire.Message) -> dict[str, Any]:
         out = self.shard.stats()
@@ -695,11 +738,26 @@ def restore_shard(
     Its own latest checkpoint wins when it was written by PS (index, num_ps); otherwise the
     state is re-sharded from ``restore_from`` (the old PS set's checkpoint directories);
     otherwise it starts empty. Returns (shard, checkpoint it equals or None, source)."""
+    shard, info, source, _ = restore_tagged(index, num_ps, own_dir, restore_from, **shard_kwargs)
+    return shard, info, source
+
+
+def restore_tagged(
+    index: int,
+    num_ps: int,
+    own_dir: str | os.PathLike[str],
+    restore_from: Sequence[str | os.PathLike[str]] = (),
+    restore_seq: int = 0,
+    **shard_kwargs: Any,
+) -> tuple[PSShard, ckpt.CheckpointInfo | None, str, int]:
+    """:func:`restore_shard` plus the tag of what was restored: the shard ``done_seq`` the
+    state includes (own checkpoint: its tag; a re-shard: the smallest tag of its sources, or
+    ``restore_seq`` when they carry none; empty: 0, i.e. no shard's updates)."""
     shard = PSShard(index=index, num_ps=num_ps, **shard_kwargs)
     own = ckpt.load_latest(own_dir)
     if own is not None and (own.info.index, own.info.num_ps) == (index, num_ps):
         shard.restore(own.state)
-        return shard, own.info, f"own:{own.info.path}"
+        return shard, own.info, f"own:{own.info.path}", max(0, own.info.tag)
     if own is not None:
         log.warning(
             "ignoring %s: written by PS %d of %d, this is PS %d of %d",
@@ -712,8 +770,10 @@ def restore_shard(
     if restore_from:
         res = ckpt.load_for(index, num_ps, restore_from)
         shard.restore(res.state)
-        return shard, None, "reshard:" + ",".join(str(d) for d in restore_from)
-    return shard, None, "empty"
+        tags = [s.tag for s in res.sources if s.tag >= 0]
+        tag = min(tags) if len(tags) == len(res.sources) and tags else restore_seq
+        return shard, None, "reshard:" + ",".join(str(d) for d in restore_from), max(0, tag)
+    return shard, None, "empty", 0
 
 
 def _lock_dir(directory: Path, wait_s: float = 10.0) -> TextIO:
@@ -738,21 +798,29 @@ def _lock_dir(directory: Path, wait_s: float = 10.0) -> TextIO:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m dlrover_core.runtime.strategies.ps.server", description=__doc__
+        prog="dlrover-rm node ps", description="A parameter server of a dlrover-rm job."
     )
     p.add_argument("--run-dir", required=True, help="the job's run directory (holds the token)")
     p.add_argument("--index", type=int, required=True, help="this PS's index, 0-based")
     p.add_argument("--num-ps", type=int, required=True, help="how many PS the set has")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    p.add_argument("--master", default=None, help="the job master's HOST:PORT (register there)")
+    p.add_argument("--incarnation", type=int, default=0, help="launches of this node before")
+    p.add_argument("--generation", type=int, default=1, help="the PS set's generation")
+    p.add_argument("--host", default=None, help="bind address (default $DLROVER_RM_BIND_HOST)")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     p.add_argument(
         "--restore-from",
         default="",
         help="comma-separated checkpoint directories of the old PS set, to re-shard from",
     )
+    p.add_argument("--restore-seq", type=int, default=0, help="done_seq tag of those sources")
     p.add_argument("--ckpt-dir", default=None, help="default RUN_DIR/ps/ps-INDEX")
-    p.add_argument("--addr-file", default=None, help="default RUN_DIR/ps/ps-INDEX.addr")
+    p.add_argument("--addr-file", default=None, help="without --master: where to write it")
     p.add_argument("--checkpoint-every-s", type=float, default=30.0, help="0 disables")
+    p.add_argument("--heartbeat-s", type=float, default=5.0, help="heartbeat interval")
+    p.add_argument(
+        "--dead-after-s", type=float, default=600.0, help="exit when the master is unreachable"
+    )
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
     p.add_argument("--seed", type=int, default=0, help="seed of the initial rows")
     p.add_argument("--threads", type=int, default=8, help="gRPC worker threads")
@@ -762,16 +830,28 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+EXIT_OK = 0
+EXIT_FATAL = 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from dlrover_core.runtime.backends.base import ENV_ADVERTISE_HOST, ENV_BIND_HOST
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s ps %(levelname)s %(message)s")
     args = _parse(argv)
     run_dir = Path(args.run_dir)
-    token = wire.read_token(run_dir)
+    try:
+        token = wire.read_token(run_dir)
+    except OSError as e:
+        print(f"ps {args.index}: cannot read the job token in {run_dir}: {e}", file=sys.stderr)
+        return EXIT_FATAL
     own_dir = Path(args.ckpt_dir) if args.ckpt_dir else checkpoint_dir(run_dir, args.index)
-    addr_file = Path(args.addr_file) if args.addr_file else addr_path(run_dir, args.index)
     restore_from = [d for d in args.restore_from.split(",") if d]
+    bind = args.host or os.environ.get(ENV_BIND_HOST, "127.0.0.1")
+    advertise = os.environ.get(ENV_ADVERTISE_HOST, bind if bind != "0.0.0.0" else "127.0.0.1")
 
     stop = threading.Event()
+    why = ["SIGTERM"]
 
     def on_signal(signum: int, frame: Any) -> None:
         stop.set()
@@ -780,65 +860,150 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     try:
-        lock = _lock_dir(own_dir)
-        shard, restored, source = restore_shard(
-            args.index, args.num_ps, own_dir, restore_from, seed=args.seed
+        # an older incarnation may still hold the directory until it learns it is superseded
+        lock = _lock_dir(own_dir, wait_s=max(10.0, args.dead_after_s + 5.0))
+        shard, restored, source, tag = restore_tagged(
+            args.index, args.num_ps, own_dir, restore_from, args.restore_seq, seed=args.seed
         )
     except ckpt.CheckpointError as e:
-        print(f"ps {args.index}: cannot restore: {e}", file=sys.stderr)
-        return 1
-    server = PSServer(
-        shard, token, own_dir, args.host, args.port, args.lr, max_workers=args.threads
-    )
+        print(f"ps {args.index}: cannot restore: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_FATAL
+    server = PSServer(shard, token, own_dir, bind, args.port, args.lr, max_workers=args.threads)
+    server.tag = tag
     server.mark_checkpointed(restored)
+    if restored is None:
+        server.checkpoint(force=True)  # a relaunch restores this, not the sources again
     port = server.start()
+    address = f"{advertise}:{port}"
     log.info(
-        "PS %d/%d serving on %s:%d, %d rows restored (%s)",
+        "PS %d/%d (incarnation %d, generation %d) serving on %s, %d rows restored (%s, tag %d)",
         args.index,
         args.num_ps,
-        args.host,
-        port,
+        args.incarnation,
+        args.generation,
+        address,
         shard.num_rows,
         source,
+        tag,
     )
-    write_json_atomic(
-        addr_file,
-        {
-            "address": f"{args.host}:{port}",
-            "pid": os.getpid(),
-            "index": args.index,
-            "num_ps": args.num_ps,
-            "restored_step": shard.step,
-            "restored_rows": shard.num_rows,
-            "restored_from": source,
-            "checkpoint_dir": str(own_dir),
-        },
-    )
+    code = EXIT_OK
+    saver: threading.Thread | None = None
+    try:
+        if args.master:
+            beats = _MasterLink(args, token, address, tag)
+            if not beats.register():
+                stop.set()
+                why[0] = "superseded"
+        else:
+            write_json_atomic(
+                Path(args.addr_file) if args.addr_file else addr_path(run_dir, args.index),
+                {
+                    "address": address,
+                    "pid": os.getpid(),
+                    "index": args.index,
+                    "num_ps": args.num_ps,
+                    "restored_step": shard.step,
+                    "restored_rows": shard.num_rows,
+                    "restored_from": source,
+                    "checkpoint_dir": str(own_dir),
+                },
+            )
 
-    def periodic() -> None:
-        while not stop.wait(args.checkpoint_every_s):
-            try:
-                server.checkpoint()
-            except OSError as e:  # keep serving; the next period tries again
-                log.error("periodic checkpoint failed: %s", e)
+        def periodic() -> None:
+            while not stop.wait(args.checkpoint_every_s):
+                try:
+                    server.checkpoint()
+                except OSError as e:  # keep serving; the next period tries again
+                    log.error("periodic checkpoint failed: %s", e)
 
-    saver = None
-    if args.checkpoint_every_s > 0:
-        saver = threading.Thread(target=periodic, name="ps-checkpoint", daemon=True)
-        saver.start()
-    while not stop.wait(1.0):
-        pass
-    log.info("PS %d stopping: final checkpoint", args.index)
-    server.stop(grace_s=2.0)
-    if saver is not None:
-        saver.join()
-    info = server.checkpoint()
-    log.info("PS %d final checkpoint %s (step %d)", args.index, info.path, info.step)
-    current = read_addr(addr_file)
-    if current is not None and current.get("pid") == os.getpid():
-        addr_file.unlink(missing_ok=True)
-    lock.close()
-    return 0
+        if args.checkpoint_every_s > 0 and not stop.is_set():
+            saver = threading.Thread(target=periodic, name="ps-checkpoint", daemon=True)
+            saver.start()
+        period = args.heartbeat_s if args.master else 1.0
+        while not stop.wait(period):
+            if args.master:
+                reason = beats.beat(server)
+                if reason:
+                    why[0] = reason
+                    stop.set()
+    finally:
+        log.info("PS %d stopping (%s): final checkpoint", args.index, why[0])
+        server.stop(grace_s=1.0)
+        stop.set()
+        if saver is not None:
+            saver.join()
+        try:
+            info = server.checkpoint()
+            log.info("PS %d final checkpoint %s (tag %d)", args.index, info.path, info.tag)
+        except OSError as e:
+            log.error("PS %d: final checkpoint failed: %s", args.index, e)
+            code = EXIT_FATAL
+        if not args.master:
+            addr_file = Path(args.addr_file) if args.addr_file else addr_path(run_dir, args.index)
+            current = read_addr(addr_file)
+            if current is not None and current.get("pid") == os.getpid():
+                addr_file.unlink(missing_ok=True)
+        lock.close()
+    return code
+
+
+class _MasterLink:
+    """The PS's side of the master: register, heartbeat (rows, step), learn the done_seq
+    that tags checkpoints; give up when the master stays unreachable for --dead-after-s."""
+
+    def __init__(self, args: argparse.Namespace, token: str, address: str, tag: int) -> None:
+        from dlrover_core.runtime.master_client import MasterClient
+
+        self.args = args
+        self.address = address
+        self.tag = tag
+        self.client = MasterClient(args.master, token, retry_for_s=args.dead_after_s)
+
+    def register(self) -> bool:
+        """False when the master refuses this PS as superseded (it must exit)."""
+        from dlrover_core.runtime.master_client import MasterRejectedError, MasterUnavailableError
+
+        try:
+            reg = self.client.register(
+                "ps",
+                self.args.index,
+                os.getpid(),
+                self.args.incarnation,
+                address=self.address,
+                generation=self.args.generation,
+                restored_seq=self.tag,
+            )
+        except MasterRejectedError as e:
+            log.warning("PS %d: %s", self.args.index, e)
+            return False
+        except MasterUnavailableError as e:
+            log.error("PS %d: %s", self.args.index, e)
+            return False
+        log.info(
+            "PS %d registered (master %s, done_seq %s)",
+            self.args.index,
+            reg.master_id,
+            reg.done_seq,
+        )
+        return True
+
+    def beat(self, server: PSServer) -> str:
+        """One heartbeat; a reason to stop, or ""."""
+        from dlrover_core.runtime.master_client import MasterRejectedError, MasterUnavailableError
+
+        try:
+            reply = self.client.heartbeat(rows=float(server.shard.num_rows), step=server.shard.step)
+        except MasterUnavailableError as e:
+            log.error("PS %d: %s: exiting", self.args.index, e)
+            return "master unreachable"
+        except MasterRejectedError as e:
+            log.error("PS %d: heartbeat refused: %s: exiting", self.args.index, e)
+            return "refused"
+        if reply.done_seq is not None:
+            server.tag = max(server.tag, reply.done_seq)
+        if reply.stop:
+            return "the master said stop"
+        return ""
 
 
 if __name__ == "__main__":

@@ -395,7 +395,7 @@ class Worker:
         threads: int | None = None,
         spec: JobSpec | None = None,
         token: str | None = None,
-        master_retry_s: float = 60.0,
+        master_retry_s: float | None = None,
         ps_wait_s: float = 600.0,
         ps_poll_s: float = 0.5,
         wait_poll_s: float = 0.2,
@@ -427,6 +427,7 @@ class Worker:
         self.last_loss: float | None = None
         self.exit_reason = ""
         self._stop = threading.Event()
+        self._master_lost: str | None = None
         self._pending_lock = threading.Lock()
         self._pending_ps: tuple[tuple[str, ...], int] | None = None
         self._ballast: np.ndarray | None = None
@@ -497,6 +498,8 @@ class Worker:
         self.sync = DenseSync(self.dense_sync_every)
         self.rate = _Rate(min(spec.pacing.sample_window_s, 30.0))
         self.heartbeat_interval_s = spec.pacing.heartbeat_interval_s
+        if self.master_retry_s is None:  # a master gone this long is dead: leave with it
+            self.master_retry_s = spec.pacing.dead_after_s
         if self.metrics_interval_s is None:
             self.metrics_interval_s = min(5.0, self.heartbeat_interval_s)
 
@@ -511,8 +514,15 @@ class Worker:
             self.exit_reason = "config"
             return EXIT_FATAL
         try:
-            return self._run()
+            code = self._run()
+            if self._master_lost is not None:
+                raise MasterUnavailableError(self._master_lost)
+            return code
         except _Stopped:
+            if self._master_lost is not None:
+                _one_line(f"worker {self.node_id}: giving up: {self._master_lost}")
+                self.exit_reason = "master unavailable"
+                return EXIT_UNAVAILABLE
             self.exit_reason = self.exit_reason or "stopped"
             return EXIT_OK
         except MasterUnavailableError as e:
@@ -539,7 +549,7 @@ class Worker:
     def _run(self) -> int:
         assert self.spec is not None and self.token is not None
         self._master = master = MasterClient(
-            self.master_address, self.token, retry_for_s=self.master_retry_s
+            self.master_address, self.token, retry_for_s=self.master_retry_s or 60.0
         )
         reg = master.register(Role.WORKER, self.node_id, os.getpid(), self.incarnation)
         addresses, version = reg.ps_addresses, reg.ps_version
@@ -743,7 +753,10 @@ class Worker:
             try:
                 self._heartbeat_once(usage)
             except MasterUnavailableError as e:
-                log.error("worker %d: heartbeat: %s", self.node_id, e)
+                log.error("worker %d: heartbeat: %s; leaving", self.node_id, e)
+                self._master_lost = str(e)
+                self._stop.set()
+                return
             except DLRoverError as e:
                 log.error("worker %d: heartbeat refused: %s", self.node_id, e)
             if self._hb_stop.wait(self.heartbeat_interval_s):

@@ -1,0 +1,1039 @@
+"""The job master as a controller: one job, from its first plan to its report.
+
+Like a Kubernetes controller, it compares the *desired* nodes (the current plan, the active
+PS-set generation) with the *observed* ones (the backend's exits, the nodes' own registrations
+and heartbeats) on every tick, and takes idempotent actions to converge. The loop never blocks:
+"waiting for the new PS set" is a generation in state ``starting`` with a deadline; a failure
+seen meanwhile is acted on at once.
+
+Contracts (DESIGN.md, "The runtime is a controller"):
+
+- **Identity**: a node is (role, id, incarnation) plus the backend's opaque ``ref``; this
+  module never knows a pid. PS register the address they serve on with the master.
+- **Write ahead**: a launch is recorded (incarnation, generation, budgets) before the backend
+  starts the node; a PS-set generation (size, restore sources, their ``done_seq`` tag) before
+  its first PS; so a master restarted at any instant resumes the step it was in. A freeze of
+  the old PS set not yet followed by a new generation is undone on resume.
+- **One master per run**: the lease (a file lock locally) is taken before anything is written.
+- **Nothing outlives the job**: every exit path (success, failure, any exception, SIGTERM,
+  SIGINT) stops the nodes, writes ``report.json`` with the state and the reason, and releases
+  the lease. Nodes also leave on their own once the master has been unreachable for
+  ``pacing.dead_after_s``.
+- **Every role is watched** on the monotonic clock: silent nodes (PS too), nodes that never
+  register, hung workers are killed and relaunched by the fault policy (``faults/``, the same
+  rule book the simulator uses, the PS-OOM rule included).
+- **Exactly once**: a shard is done once, by the current incarnation (a superseded one is
+  refused); a PS that restored a checkpoint tagged ``done_seq = S`` gets every shard done after
+  S trained again; a PS-set change freezes the old set (no push is applied after its final
+  checkpoint, none is lost: workers hold them until the new set serves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlrover_core.errors import DLRoverError, InputError
+from dlrover_core.faults import (
+    DEFAULT_FAULT_POLICY,
+    DEFAULT_HANG_POLICY,
+    ExitClass,
+    FaultPolicy,
+    HangPolicy,
+    PsOomAction,
+    classify_exit,
+    ps_oom_action,
+)
+from dlrover_core.faults.health import HeartbeatPolicy
+from dlrover_core.planner import Planner
+from dlrover_core.runtime import wire
+from dlrover_core.runtime.backends.base import LOST_REASON, Backend, NodeExit, NodeHandle, NodeSpec
+from dlrover_core.runtime.files import (
+    DiskReserve,
+    FileLease,
+    LeaseHeldError,
+    atomic_write_json,
+    is_disk_full,
+)
+from dlrover_core.runtime.report import TIMELINE_FILE
+from dlrover_core.runtime.service import serve_master
+from dlrover_core.runtime.state import (
+    GEN_ABORTED,
+    GEN_ACTIVE,
+    GEN_RETIRED,
+    GEN_STARTING,
+    STATE_FILE,
+    MasterState,
+)
+from dlrover_core.runtime.strategies.base import NodeCommand, Strategy
+from dlrover_core.spec import JobSpec, parse_spec, spec_to_dict
+from dlrover_core.types import (
+    HistoryRecord,
+    NodeOverride,
+    NodeResources,
+    NodeState,
+    Observation,
+    ResourcePlan,
+    Role,
+    Sample,
+    Stage,
+)
+
+log = logging.getLogger("dlrover_rm.master")
+
+SPEC_FILE = "spec.json"
+ADDR_FILE = "master.addr"
+FINISHED_STATES = frozenset({"succeeded"})
+
+NodeKey = tuple[Role, int]
+
+
+class RunFinishedError(InputError):
+    """``train`` on a run directory whose job already finished."""
+
+
+@dataclass
+class _Node:
+    """The controller's view of one node: its desired size and its current incarnation."""
+
+    role: Role
+    node_id: int
+    resources: NodeResources
+    incarnation: int = 0
+    generation: int = 0
+    handle: NodeHandle | None = None
+    relaunches: dict[str, int] = field(default_factory=dict)
+    stopping_mono: float | None = None  # a worker asked to leave (scale-down)
+    kill_reason: str | None = None  # why the controller killed it (liveness)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.node_id}"
+
+
+@dataclass
+class _Switch:
+    """A PS-set change in progress (generation ``gen`` starting)."""
+
+    gen: int
+    deadline_mono: float
+    started_mono: float
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m", "dlrover_core.runtime.node"]
+
+
+class JobMaster:
+    """One job, from its first plan to its report. Start it with :meth:`run`."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        run_dir: str | Path,
+        backend: Backend,
+        *,
+        plan: ResourcePlan | None = None,
+        history: Sequence[HistoryRecord] = (),
+        planner: Planner | None = None,
+        faults: FaultPolicy = DEFAULT_FAULT_POLICY,
+        hang_policy: HangPolicy = DEFAULT_HANG_POLICY,
+        strategy: Strategy | None = None,
+        lease: Any = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        tick_s: float = 0.2,
+        on_tick: Callable[[JobMaster], None] | None = None,
+        replan: bool = True,
+        node_command: Callable[[], list[str]] = _python,
+    ) -> None:
+        if strategy is None:
+            from dlrover_core.runtime.strategies.ps.strategy import PSStrategy
+
+            strategy = PSStrategy()
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.backend = backend
+        self.planner = planner or Planner(spec)
+        self.faults = faults
+        self.hang_policy = hang_policy
+        self.strategy = strategy
+        self.lease = lease if lease is not None else FileLease(self.run_dir)
+        self.clock = clock
+        self.mono = monotonic
+        self.tick_s = tick_s
+        self.on_tick = on_tick
+        self.replan_enabled = replan
+        self.node_command = node_command
+        self._initial_plan = plan
+        self._history = list(history)
+        self._prior: list[Sample] = []
+        self.nodes: dict[NodeKey, _Node] = {}
+        self.plan: ResourcePlan | None = None
+        self.past_plans: list[ResourcePlan] = []
+        self.observations: list[Observation] = []
+        self.samples: list[Sample] = []
+        self.launches: list[dict[str, Any]] = []
+        self.state: MasterState | None = None
+        self.token = ""
+        self.address = ""
+        self._server: Any = None
+        self._reserve = DiskReserve(self.run_dir)
+        self._switch: _Switch | None = None
+        self._config_since = 0.0
+        self._last_sample_s = 0.0
+        self._next_obs_mono = 0.0
+        self._stopping_old: list[NodeHandle] = []
+        self._lease_lost = False
+        self.started_s = clock()
+        self.failure: str | None = None
+        self.stop_reason: str | None = None  # set (e.g. by on_tick or a signal) to end early
+        self.heartbeat = HeartbeatPolicy(
+            interval_s=spec.pacing.heartbeat_interval_s, dead_after_s=spec.pacing.dead_after_s
+        )
+        self.switch_downtimes_s: list[float] = []
+
+    # --- checks before anything is written ----------------------------------------------------
+    def _check_runnable(self) -> None:
+        if self.spec.strategy != "ps":
+            raise InputError(
+                f"strategy {self.spec.strategy!r} is planned and modelled but its runtime is not "
+                "available in this version; use strategy: ps"
+            )
+        state_path = self.run_dir / STATE_FILE
+        if state_path.exists():
+            d = MasterState.read(state_path)
+            if d.get("job_state") in FINISHED_STATES:
+                raise RunFinishedError(
+                    f"the job in {self.run_dir} already finished ({d.get('job_state')}); its "
+                    f"report is {self.run_dir / 'report.json'}. Nothing was changed: train in a "
+                    "new run directory to train again"
+                )
+        spec_path = self.run_dir / SPEC_FILE
+        if spec_path.exists():
+            try:
+                stored = parse_spec(json.loads(spec_path.read_text()), source=str(spec_path))
+            except (OSError, ValueError) as e:
+                raise InputError(
+                    f"{spec_path} is unreadable ({e}); restore it or start in a new run directory"
+                ) from None
+            if spec_to_dict(stored) != spec_to_dict(self.spec):
+                a, b = spec_to_dict(stored), spec_to_dict(self.spec)
+                diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+                raise InputError(
+                    f"{self.run_dir} holds a job with another spec (differs in: "
+                    f"{', '.join(diff)}); resume it with the same spec, or train in a new run "
+                    "directory. Nothing was changed"
+                )
+
+    # --- set-up ----------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        from dlrover_core.training.data import from_spec
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.token = wire.create_token(self.run_dir)
+        spec_path = self.run_dir / SPEC_FILE
+        if not spec_path.exists():
+            atomic_write_json(spec_path, spec_to_dict(self.spec))
+        self._reserve.create()
+        source = from_spec(self.spec)
+        self.state = MasterState(
+            self.run_dir,
+            total_rows=source.num_rows,
+            shard_size=self.spec.shard_size,
+            epochs=self.spec.training.epochs or 1,
+            clock=self.clock,
+            monotonic=self.mono,
+            synchronous="NORMAL",
+        )
+        self._prior = self.planner.history_samples(self._history, self.clock())
+        bind, advertise = self.backend.endpoint()
+        port = 0
+        addr = self.run_dir / ADDR_FILE
+        if self.state.restored and addr.exists():
+            # nodes have the old address in their command: listen there again
+            with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+                port = int(json.loads(addr.read_text())["address"].rsplit(":", 1)[1])
+        try:
+            self._server, bound = serve_master(self.state, self.token, host=bind, port=port)
+        except (OSError, RuntimeError):
+            if port == 0:
+                raise
+            log.warning("port %d is taken: nodes of the earlier master will be relaunched", port)
+            self._server, bound = serve_master(self.state, self.token, host=bind, port=0)
+        self.address = f"{advertise}:{bound}"
+        atomic_write_json(addr, {"address": self.address})
+        log.info("master %s serving on %s", self.state.master_id, self.address)
+
+    # --- node commands -----------------------------------------------------------------------
+    def _ps_dir(self, gen: int, index: int) -> Path:
+        return self.run_dir / "ps" / f"gen-{gen}" / f"ps-{index}"
+
+    def _node_spec(self, n: _Node) -> NodeSpec:
+        assert self.state is not None
+        cores = max(1, round(n.resources.cpu_millicores / 1000))
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = NodeCommand(
+            role=n.role,
+            node_id=n.node_id,
+            incarnation=n.incarnation,
+            master=self.address,
+            run_dir=str(self.run_dir),
+            cores=cores,
+        )
+        if n.role is Role.PS:
+            gen = self.state.generation(n.generation) or {}
+            cmd = NodeCommand(
+                **{
+                    **cmd.__dict__,
+                    "generation": n.generation,
+                    "num_ps": int(gen.get("count", 1)),
+                    "ckpt_dir": str(self._ps_dir(n.generation, n.node_id)),
+                    "restore_from": tuple(gen.get("restore_from", ())),
+                    "restore_seq": int(gen.get("restore_seq", 0)),
+                }
+            )
+        return NodeSpec(
+            role=n.role,
+            node_id=n.node_id,
+            incarnation=n.incarnation,
+            resources=n.resources,
+            argv=[*self.node_command(), *self.strategy.argv(self.spec, cmd)],
+            env={"PYTHONUNBUFFERED": "1"},
+            log_path=str(logs / f"{n.role.value}-{n.node_id}.log"),
+        )
+
+    def _launch(self, n: _Node) -> None:
+        """Write ahead, then start the node, then record its ref."""
+        assert self.state is not None
+        self.state.record_launch(
+            n.role,
+            n.node_id,
+            n.incarnation,
+            n.resources,
+            generation=n.generation,
+            relaunches=n.relaunches,
+        )
+        n.handle = self.backend.launch(self._node_spec(n))
+        n.stopping_mono = None
+        n.kill_reason = None
+        self.state.record_launch(
+            n.role,
+            n.node_id,
+            n.incarnation,
+            n.resources,
+            ref=n.handle.ref,
+            generation=n.generation,
+            relaunches=n.relaunches,
+        )
+        self.launches.append(
+            {
+                "time_s": self.clock(),
+                "node": n.name,
+                "incarnation": n.incarnation,
+                "generation": n.generation,
+                **n.resources.to_dict(),
+            }
+        )
+        log.info(
+            "launched %s incarnation %d (%s) as %s",
+            n.name,
+            n.incarnation,
+            n.resources,
+            n.handle.ref,
+        )
+
+    def _start_worker(self, node_id: int, resources: NodeResources) -> None:
+        old = self.nodes.get((Role.WORKER, node_id))
+        n = _Node(Role.WORKER, node_id, resources)
+        if old is not None:
+            n.incarnation = old.incarnation + 1
+            n.relaunches = dict(old.relaunches)
+            if old.handle is not None:
+                self.backend.stop(old.handle, grace_s=2.0, wait=False)
+        elif self.state is not None and (rec := self.state.node(Role.WORKER, node_id)):
+            n.incarnation = rec.incarnation + 1
+            n.relaunches = dict(rec.relaunches)
+        self.nodes[(Role.WORKER, node_id)] = n
+        self._launch(n)
+
+    # --- PS-set generations ----------------------------------------------------------------------
+    def _start_generation(self, plan: ResourcePlan, restore_from: list[str], seq: int) -> None:
+        """Record a new generation (write ahead), stop the PS it replaces (already frozen and
+        checkpointed), launch its PS. It becomes active once all of them registered."""
+        assert self.state is not None
+        gen = self.state.begin_generation(plan.ps.count, restore_from, seq, GEN_STARTING)
+        self._launch_generation(gen["id"], plan)
+
+    def _launch_generation(self, gid: int, plan: ResourcePlan) -> None:
+        assert self.state is not None
+        gen = self.state.generation(gid)
+        assert gen is not None
+        count = int(gen["count"])
+        for i in range(count):
+            old = self.nodes.get((Role.PS, i))
+            rec = self.state.node(Role.PS, i)
+            if old is not None and old.generation == gid and old.handle is not None:
+                continue  # launched before a master restart and adopted
+            n = _Node(Role.PS, i, plan.node_resources(Role.PS, i), generation=gid)
+            if old is not None:
+                n.incarnation = old.incarnation + 1
+                n.relaunches = dict(old.relaunches)
+                if old.handle is not None:
+                    self._stopping_old.append(old.handle)
+                    self.backend.stop(old.handle, grace_s=5.0, wait=False)
+            elif rec is not None:
+                n.incarnation = rec.incarnation + 1
+                n.relaunches = dict(rec.relaunches)
+            self.nodes[(Role.PS, i)] = n
+            self._launch(n)
+        # a smaller set: the PS beyond its size leave
+        for (role, i), old in list(self.nodes.items()):
+            if role is Role.PS and i >= count:
+                if old.handle is not None:
+                    self.backend.stop(old.handle, grace_s=5.0, wait=False)
+                self.nodes.pop((role, i))
+                self.state.mark_node(Role.PS, i, NodeState.DELETED)
+        now = self.mono()
+        timeout = max(30.0, self.spec.pacing.pending_timeout_s)
+        self._switch = _Switch(gid, now + timeout, now)
+
+    def _progress_switch(self) -> None:
+        """Activate the starting generation once every PS of it registered; past the deadline,
+        the PS that did not are killed (the fault policy relaunches them)."""
+        assert self.state is not None
+        sw = self._switch
+        if sw is None:
+            return
+        gen = self.state.generation(sw.gen)
+        if gen is None or gen["state"] != GEN_STARTING:
+            self._switch = None
+            return
+        addresses: list[str] = []
+        missing: list[_Node] = []
+        for i in range(int(gen["count"])):
+            n = self.nodes.get((Role.PS, i))
+            rec = self.state.node(Role.PS, i)
+            if (
+                n is None
+                or rec is None
+                or rec.state is not NodeState.RUNNING
+                or rec.incarnation != n.incarnation
+                or rec.generation != sw.gen
+                or not rec.address
+            ):
+                if n is not None:
+                    missing.append(n)
+                continue
+            addresses.append(rec.address)
+        if not missing:
+            _, version = self.state.ps_set()
+            for g in self.state.generations_in(GEN_ACTIVE):
+                self.state.update_generation(int(g["id"]), state=GEN_RETIRED)
+            self.state.update_generation(sw.gen, state=GEN_ACTIVE)
+            self.state.set_ps_set(addresses, version + 1)
+            took = self.mono() - sw.started_mono
+            self.switch_downtimes_s.append(took)
+            log.info("PS generation %d active after %.1f s: %s", sw.gen, took, addresses)
+            self._switch = None
+            return
+        if self.mono() > sw.deadline_mono:
+            for n in missing:
+                if n.handle is not None and n.kill_reason is None:
+                    n.kill_reason = f"did not register within the PS start deadline (gen {sw.gen})"
+                    log.warning("%s %s: killing it", n.name, n.kill_reason)
+                    self.backend.kill(n.handle)
+            sw.deadline_mono = self.mono() + max(30.0, self.spec.pacing.pending_timeout_s)
+
+    def _replace_ps_set(self, new: ResourcePlan) -> None:
+        """Scale or migrate the PS set: freeze the active set (no push is applied from now on;
+        workers hold theirs), checkpoint it tagged with the shard done_seq, then start the new
+        generation re-sharded from those checkpoints."""
+        assert self.state is not None
+        from dlrover_core.runtime.strategies.ps.control import checkpoint_set, freeze_set
+
+        active = self.state.generations_in(GEN_ACTIVE)
+        addresses, _ = self.state.ps_set()
+        if not active or not addresses:
+            return
+        old = active[-1]
+        sources = [str(self._ps_dir(int(old["id"]), i)) for i in range(int(old["count"]))]
+        try:
+            freeze_set(addresses, self.token, True)
+            seq = self.state.shards.done_seq  # after the freeze: nothing more reaches the PS
+            tags = checkpoint_set(addresses, self.token, seq)
+        except DLRoverError as e:
+            log.warning("PS-set change postponed: %s", e)
+            with contextlib.suppress(DLRoverError):
+                freeze_set(addresses, self.token, False)
+            return
+        self._start_generation(new, sources, min(tags, default=seq))
+
+    def _unfreeze_active(self) -> None:
+        """After a restart: a freeze not followed by a new generation is undone (idempotent)."""
+        assert self.state is not None
+        from dlrover_core.runtime.strategies.ps.control import freeze_set
+
+        addresses, _ = self.state.ps_set()
+        if addresses and self._switch is None:
+            try:
+                freeze_set(addresses, self.token, False)
+            except DLRoverError as e:
+                log.info("unfreeze after restart: %s (the PS will be relaunched)", e)
+
+    # --- plans -------------------------------------------------------------------------------
+    def _adopt_plan(self, plan: ResourcePlan) -> None:
+        assert self.state is not None
+        self.plan = plan
+        self.past_plans.append(plan)
+        self.state.record_plan(plan)
+        self._config_since = self.clock()
+        log.info("plan (%s): %s", plan.stage.value, "; ".join(plan.reasons))
+
+    def _apply(self, new: ResourcePlan) -> None:
+        """Execute the difference between the current plan and ``new``."""
+        assert self.plan is not None and self.state is not None
+        old = self.plan
+        ps_changed = old.ps != new.ps or {o for o in old.overrides if o.role is Role.PS} != {
+            o for o in new.overrides if o.role is Role.PS
+        }
+        self._adopt_plan(new)
+        if ps_changed:
+            self._replace_ps_set(new)
+        for i in range(new.workers.count):
+            want = new.node_resources(Role.WORKER, i)
+            n = self.nodes.get((Role.WORKER, i))
+            relaunch = any(
+                o.role is Role.WORKER
+                and o.node_id == i
+                and o.action == "relaunch"
+                and o not in old.overrides
+                for o in new.overrides
+            )
+            if n is None or n.handle is None:
+                self._start_worker(i, want)
+            elif n.resources != want or relaunch:
+                if (
+                    not relaunch
+                    and want.memory_mib == n.resources.memory_mib
+                    and self.backend.resize(n.handle, want)
+                ):
+                    log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
+                    n.resources = want
+                    self.state.record_launch(
+                        n.role,
+                        n.node_id,
+                        n.incarnation,
+                        want,
+                        ref=n.handle.ref,
+                        relaunches=n.relaunches,
+                    )
+                    continue
+                self._start_worker(i, want)
+        for i in range(new.workers.count, old.workers.count):
+            n = self.nodes.get((Role.WORKER, i))
+            if n is not None and n.handle is not None and n.stopping_mono is None:
+                self.state.request_stop(i)
+                n.stopping_mono = self.mono()
+
+    # --- faults ------------------------------------------------------------------------------
+    def _on_exit(self, e: NodeExit) -> None:
+        assert self.state is not None and self.plan is not None
+        n = self.nodes.get((e.role, e.node_id))
+        if n is None or n.incarnation != e.incarnation or (n.handle and n.handle.ref != e.ref):
+            return  # an old incarnation, a retired PS: already replaced
+        n.handle = None
+        cls = classify_exit(e.exit_code, e.reason, e.signal)
+        if n.role is Role.WORKER and (cls is ExitClass.SUCCEEDED or n.stopping_mono is not None):
+            self.state.mark_node(n.role, n.node_id, NodeState.SUCCEEDED)
+            if n.node_id >= self.plan.workers.count:
+                self.nodes.pop((n.role, n.node_id), None)
+            return
+        if cls is ExitClass.SUCCEEDED and n.role is Role.PS and self._switch is None:
+            cls = ExitClass.UNKNOWN  # a PS leaves only when told to: this one left early
+        elif cls is ExitClass.SUCCEEDED:
+            return
+        self.state.mark_node(n.role, n.node_id, NodeState.FAILED)
+        key = cls.value
+        tries = n.relaunches.get(key, 0)
+        planned = self.plan.node_resources(n.role, n.node_id)
+        d = self.faults.decide(n.role, cls, n.resources, planned, tries)
+        new_ps_plan: ResourcePlan | None = None
+        if n.role is Role.PS and cls is ExitClass.OOM and d.relaunch:
+            new_ps_plan = self._ps_oom(n)
+        why = n.kill_reason or d.reason
+        self.state.record_fault(
+            {
+                "node": n.name,
+                "incarnation": n.incarnation,
+                "exit_code": e.exit_code,
+                "signal": e.signal,
+                "reason": e.reason,
+                "exit_class": cls.value,
+                "action": "relaunch" if d.relaunch else ("fail job" if d.fail_job else "drop node"),
+                "resources": d.resources.to_dict() if d.relaunch else None,
+                "why": why if n.kill_reason is None else f"{n.kill_reason}; {d.reason}",
+            }
+        )
+        log.warning("%s exited (%s): %s", n.name, cls.value, why)
+        if d.fail_job:
+            self.failure = f"{n.name}: {d.reason}"
+            return
+        if not d.relaunch:
+            return
+        n.relaunches[key] = tries + 1
+        grow_set = new_ps_plan is not None and self._ps_count_changed(new_ps_plan)
+        if new_ps_plan is not None:
+            self._adopt_plan(new_ps_plan)
+        resources = d.resources
+        if new_ps_plan is not None:
+            resources = new_ps_plan.node_resources(Role.PS, n.node_id)
+        elif resources != planned:
+            # the relaunch size becomes part of the plan (e.g. the OOM memory bump)
+            ov = NodeOverride(n.role, n.node_id, resources, f"{cls.value}: {d.reason}")
+            keep = tuple(
+                o for o in self.plan.overrides if (o.role, o.node_id) != (n.role, n.node_id)
+            )
+            self._adopt_plan(
+                self.plan.replace(
+                    overrides=(*keep, ov),
+                    stage=Stage.FAULT,
+                    reasons=(ov.reason,),
+                    created_at_s=self.clock(),
+                )
+            )
+        if grow_set and new_ps_plan is not None:
+            # the PS-OOM rule chose more PS: a new generation re-sharded from the checkpoints
+            self._relaunch_ps_set_after_oom(new_ps_plan)
+            return
+        n.resources = resources
+        n.incarnation += 1
+        self.nodes[(n.role, n.node_id)] = n
+        self._launch(n)
+
+    def _ps_count_changed(self, plan: ResourcePlan) -> bool:
+        gens = self.state.generations_in(GEN_ACTIVE, GEN_STARTING) if self.state else []
+        return bool(gens) and int(gens[-1]["count"]) != plan.ps.count
+
+    def _ps_oom(self, n: _Node) -> ResourcePlan | None:
+        """The PS-OOM rule (faults/): more memory per PS when the load is unbalanced, else
+        more PS, within the spec's constraints and quota."""
+        assert self.plan is not None and self.state is not None
+        used = []
+        for (role, _i), m in self.nodes.items():
+            if role is Role.PS:
+                rec = self.state.node(Role.PS, m.node_id)
+                used.append(float(rec.stats.get("rss_mib", 0.0)) if rec else 0.0)
+        mine = self.state.node(Role.PS, n.node_id)
+        if mine is not None:
+            used[n.node_id if n.node_id < len(used) else -1] = max(
+                float(mine.stats.get("rss_mib", 0.0)), float(n.resources.memory_mib)
+            )
+        decision = ps_oom_action(used or [float(n.resources.memory_mib)], self.faults)
+        ps = decision.apply(self.plan.ps, memory_cap_mib=self.faults.oom_cap_mib)
+        cap = self.spec.constraints.ps.max or ps.count
+        if decision.action is PsOomAction.MORE_PS and min(ps.count, cap) == self.plan.ps.count:
+            # at the PS cap: more memory per PS instead
+            mem = min(self.faults.oom_cap_mib, self.plan.ps.resources.memory_mib * 2)
+            ps = dataclasses.replace(
+                self.plan.ps, resources=dataclasses.replace(ps.resources, memory_mib=mem)
+            )
+        elif decision.action is PsOomAction.MORE_PS:
+            ps = dataclasses.replace(ps, count=min(ps.count, cap))
+        candidate = self.plan.replace(
+            ps=ps,
+            stage=Stage.FAULT,
+            reasons=(f"{n.name} OOM: {decision.reason}",),
+            created_at_s=self.clock(),
+        )
+        if not candidate.total.fits_in(self.spec.quota.resources):
+            return None
+        return candidate
+
+    def _relaunch_ps_set_after_oom(self, plan: ResourcePlan) -> None:
+        """A PS is gone (OOM) and the rule wants more PS: freeze the survivors, checkpoint
+        them, and start a new generation from every old PS's checkpoints (the dead one's
+        latest included; shards done after its tag are trained again)."""
+        self._replace_ps_set(plan)
+
+    def _check_liveness(self) -> None:
+        """Silent nodes (every role), nodes that never registered, hung workers: killed, so
+        their exits go through the fault policy."""
+        assert self.state is not None
+        for role, node_id in self.state.dead_nodes(self.heartbeat):
+            self._kill(role, node_id, f"no heartbeat for {self.heartbeat.dead_after_s:g} s")
+        for role, node_id in self.state.unregistered_nodes(self.spec.pacing.pending_timeout_s):
+            self._kill(
+                role,
+                node_id,
+                f"never registered within pending_timeout_s={self.spec.pacing.pending_timeout_s:g}",
+            )
+        for role, node_id in self.state.hung_nodes(self.hang_policy, self._allocated()):
+            self._kill(role, node_id, "hung: no progress and idle CPU")
+        now = self.mono()
+        for n in self.nodes.values():
+            grace = max(60.0, 3 * self.spec.pacing.dead_after_s)
+            if n.stopping_mono is not None and n.handle and now - n.stopping_mono > grace:
+                self.backend.stop(n.handle, grace_s=5.0, wait=False)
+
+    def _kill(self, role: Role, node_id: int, why: str) -> None:
+        n = self.nodes.get((role, node_id))
+        if n is None or n.handle is None or n.kill_reason is not None:
+            return
+        n.kill_reason = why
+        log.warning("%s: %s: killing it", n.name, why)
+        self.backend.kill(n.handle)
+
+    def _check_restores(self) -> None:
+        """A PS that restored a state tagged S lost the updates of shards done after S: they
+        are trained again (once per PS incarnation, persisted)."""
+        assert self.state is not None
+        for (role, node_id), n in self.nodes.items():
+            if role is not Role.PS:
+                continue
+            rec = self.state.node(Role.PS, node_id)
+            if (
+                rec is None
+                or rec.incarnation != n.incarnation
+                or rec.restored_seq is None
+                or rec.stats.get("restore_handled")
+            ):
+                continue
+            seq = int(rec.restored_seq)
+            ids = self.state.shards.requeue_done_after(
+                seq, f"{n.name} incarnation {n.incarnation} restored a state tagged {seq}"
+            )
+            rec.stats["restore_handled"] = 1.0
+            self.state.persist()
+            if ids:
+                log.warning(
+                    "%s restored state tagged done_seq %d: %d shard(s) done after it are "
+                    "trained again",
+                    n.name,
+                    seq,
+                    len(ids),
+                )
+                self.state.record_fault(
+                    {
+                        "node": n.name,
+                        "incarnation": n.incarnation,
+                        "exit_class": "restore",
+                        "action": "replay shards",
+                        "why": f"restored a checkpoint tagged {seq}: {len(ids)} shard(s) again",
+                    }
+                )
+
+    # --- observing and re-planning -------------------------------------------------------------
+    def _allocated(self) -> dict[NodeKey, NodeResources]:
+        return {k: n.resources for k, n in self.nodes.items() if n.handle is not None}
+
+    def _measure_ps(self) -> None:
+        """PS CPU and memory through the backend (their rows come with their heartbeats)."""
+        assert self.state is not None
+        for (role, node_id), n in self.nodes.items():
+            if role is not Role.PS or n.handle is None:
+                continue
+            u = self.backend.usage(n.handle)
+            if u is not None:
+                self.state.record_node_stats(
+                    Role.PS, node_id, {"cpu_percent": u.cpu_percent, "rss_mib": u.rss_mib}
+                )
+
+    def _observe(self) -> Observation:
+        assert self.state is not None and self.plan is not None
+        now = self.clock()
+        self._measure_ps()
+        obs = self.state.observation(now, self._allocated())
+        self.observations.append(obs)
+        del self.observations[:-200]
+        running = obs.of(Role.WORKER)
+        stable_s = self.spec.pacing.sample_window_s
+        if len(running) < self.plan.workers.count or self._switch is not None:
+            self._config_since = now  # a speed sample starts when every node is up
+        if (
+            len(running) == self.plan.workers.count
+            and now - self._config_since >= stable_s
+            and now - self._last_sample_s >= stable_s
+            and obs.throughput_sps > 0
+        ):
+            w, p = self.plan.workers, self.plan.ps
+            self.samples.append(
+                Sample(
+                    workers=w.count,
+                    ps=p.count,
+                    worker_cpu_cores=w.resources.cpu_cores,
+                    ps_cpu_cores=p.resources.cpu_cores,
+                    throughput_sps=obs.throughput_sps,
+                    batch_size=self.spec.training.batch_size,
+                    worker_memory_mib=max((n.memory_used_mib for n in running), default=None),
+                    ps_memory_mib=max((n.memory_used_mib for n in obs.of(Role.PS)), default=None),
+                    ps_cpu_util=max((n.cpu_util for n in obs.of(Role.PS)), default=None),
+                    worker_cpu_util=sum(n.cpu_util for n in running) / len(running),
+                    timestamp_s=now,
+                )
+            )
+            self._last_sample_s = now
+        self._timeline(obs)
+        return obs
+
+    def _timeline(self, obs: Observation) -> None:
+        rec = {
+            "t": obs.time_s,
+            "throughput_sps": obs.throughput_sps,
+            "samples_done": obs.samples_done,
+            "alloc_cpu_m": sum(n.allocated.cpu_millicores for n in obs.nodes),
+            "alloc_mem_mib": sum(n.allocated.memory_mib for n in obs.nodes),
+            "used_cpu_m": sum(n.cpu_used_millicores for n in obs.nodes),
+            "used_mem_mib": sum(n.memory_used_mib for n in obs.nodes),
+            "workers": len(obs.of(Role.WORKER)),
+            "ps": len(obs.of(Role.PS)),
+        }
+        with open(self.run_dir / TIMELINE_FILE, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def _replan(self) -> None:
+        assert self.plan is not None
+        if self._switch is not None:
+            return  # one change at a time
+        now = self.clock()
+        d = self.planner.replan(
+            self.plan, self.observations, self.samples, now, self.past_plans, self._prior
+        )
+        if (
+            d.plan is not None
+            and not d.plan.same_allocation(self.plan)
+            and d.plan.total.fits_in(self.spec.quota.resources)
+        ):
+            self._apply(d.plan)
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run the job to its end; returns the report (also written to the run directory).
+        Raises (before anything is written) when the run directory cannot be taken."""
+        self._check_runnable()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        holder = self.lease.acquire()
+        if holder is not None:
+            raise LeaseHeldError(
+                f"{self.run_dir} is being trained by another master ({holder}); wait for it "
+                f"(`dlrover-rm status --run-dir {self.run_dir}`) or train in a new run directory"
+            )
+        restore = self._install_signals()
+        try:
+            try:
+                self._prepare()
+                self._start_or_resume()
+                assert self.state is not None
+                self.state.set_job_state("running")
+                while not self._tick():
+                    time.sleep(self.tick_s)
+            except KeyboardInterrupt:
+                self.stop_reason = self.stop_reason or "interrupted (SIGINT)"
+            except BaseException as e:
+                self.failure = self.failure or self._describe(e)
+                log.error("the control loop failed: %s", self.failure)
+                log.debug("%s", traceback.format_exc())
+            return self._finish()
+        finally:
+            restore()
+            self.lease.release()
+
+    def _describe(self, e: BaseException) -> str:
+        if is_disk_full(e):
+            return f"disk full: {e}; free space under {self.run_dir} and resume the job"
+        if isinstance(e, DLRoverError):
+            return " ".join(str(e).split())
+        return f"internal error: {type(e).__name__}: {e}"
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        names: dict[int, str] = {
+            signal.SIGTERM: "terminated (SIGTERM)",
+            signal.SIGINT: "interrupted (SIGINT)",
+        }
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self.stop_reason = self.stop_reason or names.get(signum, f"signal {signum}")
+
+        old = {s: signal.signal(s, on_signal) for s in names}
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore
+
+    def _tick(self) -> bool:
+        """One reconcile pass; True when the job is over (done, failed or stopped)."""
+        assert self.state is not None and self.plan is not None
+        if not self.lease.renew():
+            self._lease_lost = True
+            self.failure = "lost the run lease: another master took over this run"
+            return True
+        for e in self.backend.poll():
+            self._on_exit(e)
+            if self.failure is not None:
+                return True
+        self._check_liveness()
+        self._check_restores()
+        self._progress_switch()
+        if self.failure is not None or self.stop_reason is not None:
+            return True
+        counts = self.state.shards.counts()
+        if counts["todo"] == 0 and counts["doing"] == 0 and self._switch is None:
+            if counts["failed"]:
+                self.failure = (
+                    f"{counts['failed']} shard(s) failed on every attempt; see the worker logs "
+                    f"in {self.run_dir / 'logs'}, fix the data or code, and resume the run dir"
+                )
+            return True
+        live_workers = [
+            n for n in self.nodes.values() if n.role is Role.WORKER and n.handle is not None
+        ]
+        if not live_workers:
+            self.failure = "no worker left: every worker failed beyond its relaunch budget"
+            return True
+        now = self.mono()
+        if now >= self._next_obs_mono:
+            self._observe()
+            if self.replan_enabled:
+                self._replan()
+            self._next_obs_mono = now + max(self.spec.pacing.heartbeat_interval_s, self.tick_s)
+        if self.on_tick is not None:
+            self.on_tick(self)
+        return False
+
+    def _start_or_resume(self) -> None:
+        assert self.state is not None
+        if self.state.restored and self.state.plans:
+            self._resume()
+            return
+        plan = self._initial_plan or self.planner.initial_plan(self._history, self.clock())
+        self._adopt_plan(plan)
+        self._start_generation(plan, [], 0)
+        for i in range(plan.workers.count):
+            self._start_worker(i, plan.node_resources(Role.WORKER, i))
+
+    def _resume(self) -> None:
+        """A new master on the run dir of an earlier one: adopt its nodes (by ref), relaunch
+        the lost ones (their budgets kept), finish a PS generation that was starting, and undo
+        a freeze that was not followed by a new generation."""
+        assert self.state is not None
+        last = ResourcePlan.from_dict(self.state.plans[-1])
+        self.plan = last
+        self.past_plans = [ResourcePlan.from_dict(p) for p in self.state.plans]
+        self._config_since = self.clock()
+        lost: list[_Node] = []
+        for rec in list(self.state.nodes.values()):
+            if rec.state not in (NodeState.RUNNING, NodeState.PENDING):
+                continue
+            res = (
+                NodeResources(**rec.resources)
+                if rec.resources
+                else last.node_resources(rec.role, rec.node_id)
+            )
+            n = _Node(
+                rec.role,
+                rec.node_id,
+                res,
+                rec.incarnation,
+                rec.generation,
+                relaunches=dict(rec.relaunches),
+            )
+            if rec.ref:
+                n.handle = self.backend.adopt(rec.role, rec.node_id, rec.incarnation, rec.ref)
+            self.nodes[(rec.role, rec.node_id)] = n
+            log.info("resume: %s %s", n.name, "adopted" if n.handle else "lost")
+            if n.handle is None:
+                lost.append(n)
+        starting = self.state.generations_in(GEN_STARTING)
+        for g in starting[:-1]:
+            self.state.update_generation(int(g["id"]), state=GEN_ABORTED)
+        if starting:
+            self._launch_generation(int(starting[-1]["id"]), last)
+        else:
+            self._unfreeze_active()
+        for n in lost:
+            cur = self.nodes.get((n.role, n.node_id))
+            if cur is not n:
+                continue  # replaced by the generation just launched
+            self._on_exit(
+                NodeExit(n.role, n.node_id, n.incarnation, None, None, LOST_REASON, self.clock())
+            )
+        for i in range(last.workers.count):
+            if (Role.WORKER, i) not in self.nodes:
+                self._start_worker(i, last.node_resources(Role.WORKER, i))
+
+    def _finish(self) -> dict[str, Any]:
+        """Stop every node, write the report (whatever happened before), close."""
+        from dlrover_core.runtime.report import write_report
+
+        ok = self.failure is None and self.stop_reason is None
+        auc = None
+        st = self.state
+        if self._lease_lost:
+            log.error("%s: leaving the nodes to the master that holds the lease", self.failure)
+            return {"state": "failed", "failure": self.failure}
+        if ok and st is not None:
+            with contextlib.suppress(Exception):
+                st.set_job_state("evaluating")
+            addresses, _ = st.ps_set()
+            try:
+                auc = self.strategy.evaluate(self.spec, addresses, self.token)
+            except Exception as e:
+                log.warning("evaluation failed: %s", e)
+        try:
+            self.backend.shutdown()
+        except Exception as e:
+            log.error("stopping the nodes failed: %s", e)
+        with contextlib.suppress(Exception):
+            self.backend.poll()
+        state = "failed" if self.failure else ("stopped" if self.stop_reason else "succeeded")
+        reason = self.failure or self.stop_reason
+        report: dict[str, Any] = {"state": state, "failure": self.failure}
+        if st is not None:
+            for attempt in range(2):
+                try:
+                    for n in self.nodes.values():
+                        st.mark_node(
+                            n.role, n.node_id, NodeState.SUCCEEDED if ok else NodeState.DELETED
+                        )
+                    st.set_job_state(state, reason)
+                    report = write_report(
+                        self.run_dir,
+                        st,
+                        self.spec,
+                        auc=auc,
+                        failure=self.failure,
+                        wall_s=self.clock() - self.started_s,
+                        launches=self.launches,
+                        stopped=self.stop_reason,
+                    )
+                    break
+                except OSError as e:
+                    if attempt == 0 and is_disk_full(e):
+                        self._reserve.release()  # room for the last words
+                        continue
+                    log.error("cannot write the report in %s: %s", self.run_dir, e)
+                    break
+            with contextlib.suppress(Exception):
+                st.close()
+        if self._server is not None:
+            self._server.stop(grace=1.0)
+        self._reserve.release()
+        if self.switch_downtimes_s:
+            report["ps_switch_s"] = list(self.switch_downtimes_s)
+        return report

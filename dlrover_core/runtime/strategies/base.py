@@ -1,0 +1,50 @@
+"""The strategy seam: what the controller asks of a training strategy.
+
+A strategy says which nodes a plan needs, what command starts each one (the same command on
+every backend: ``dlrover-rm node <role> ...``), and how to evaluate the trained model at the
+end. The controller owns everything else (launching, liveness, relaunches, the shard queue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from dlrover_core.spec import JobSpec
+from dlrover_core.types import Role
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """Everything a node needs to know, as the arguments of ``dlrover-rm node``."""
+
+    role: Role
+    node_id: int
+    incarnation: int
+    master: str  # HOST:PORT of the master's service
+    run_dir: str
+    cores: int
+    generation: int = 0  # a PS: its set's generation
+    num_ps: int = 0  # a PS: the size of its set
+    ckpt_dir: str = ""  # a PS: its own checkpoint directory
+    restore_from: Sequence[str] = ()  # a PS: the checkpoint directories to re-shard from
+    restore_seq: int = 0  # the done_seq tag of those sources
+
+
+class Strategy(Protocol):
+    """A training strategy (``ps`` today; ``allreduce`` in its own issue)."""
+
+    name: str
+
+    def roles(self) -> tuple[Role, ...]:
+        """The roles this strategy's nodes have."""
+        ...
+
+    def argv(self, spec: JobSpec, cmd: NodeCommand) -> list[str]:
+        """The node's command (after the interpreter / console script)."""
+        ...
+
+    def evaluate(self, spec: JobSpec, ps_addresses: Sequence[str], token: str) -> float | None:
+        """Held-out AUC of the trained model (``None`` when it cannot be evaluated)."""
+        ...
