@@ -169,6 +169,17 @@ class KubeletStandIn:
                 return p.popen.pid
         return None
 
+    def oom_kill(self, pod_name: str) -> bool:
+        """What the kernel's OOM killer does to a container over its cgroup limit, on demand
+        (a test's fault): SIGKILL the pod's processes; the pod ends ``OOMKilled`` (137)."""
+        for uid, p in list(self.procs.items()):
+            if self._names.get(uid) == pod_name and p.popen.poll() is None:
+                p.oom = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                return True
+        return False
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
