@@ -43,37 +43,63 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
-import json
 import logging
 import math
 import os
-import re
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
-import tenacity
 import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from dlrover_core.errors import DLRoverError, ErrorKind, InputError
+from dlrover_core.errors import InputError
 from dlrover_core.runtime.backends.base import (
     DELETED_REASON,
-    DISRUPTED_REASON,
-    ENV_ADVERTISE_HOST,
-    ENV_BIND_HOST,
     FATAL_WAITING_REASONS,
-    OOM_REASON,
     NodeExit,
     NodeHandle,
     NodeSpec,
     NodeUsage,
+)
+from dlrover_core.runtime.backends.kubernetes_api import (
+    KubernetesUnavailableError,
+    RetryPolicy,
+    _as_dict,
+    _Caller,
+    _default_client,
+    _describe,
+    _status_message,
+    _transient,
+)
+from dlrover_core.runtime.backends.kubernetes_lease import KubernetesLease
+from dlrover_core.runtime.backends.kubernetes_pods import (
+    BIND_ALL,
+    CONTAINER_NAME,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_STATE_DIR,
+    ENV_STATE_URL,
+    ENV_TOKEN,
+    LABEL_APP,
+    LABEL_INCARNATION,
+    LABEL_JOB,
+    LABEL_NODE_ID,
+    LABEL_ROLE,
+    OwnerRef,
+    PodConfig,
+    _identity,
+    _parse_time,
+    _pod_resources,
+    job_selector,
+    node_to_pod,
+    pod_exit,
+    pod_name,
 )
 from dlrover_core.types import NodeResources, Role
 from dlrover_core.units import cpu_millicores, format_cpu, memory_mib
@@ -105,453 +131,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-APP = "dlrover-rm"
-LABEL_APP = "app.kubernetes.io/name"
-LABEL_JOB = "dlrover-rm/job"
-LABEL_ROLE = "dlrover-rm/role"
-LABEL_NODE_ID = "dlrover-rm/node-id"
-LABEL_INCARNATION = "dlrover-rm/incarnation"
-CONTAINER_NAME = "node"
-STATE_VOLUME = "state"
-TOKEN_VOLUME = "token"
-TOKEN_MOUNT_PATH = "/var/run/dlrover-rm/token"
-
-ENV_POD_NAME = "DLROVER_RM_POD_NAME"
-ENV_NAMESPACE = "DLROVER_RM_NAMESPACE"
-ENV_STATE_DIR = "DLROVER_RM_STATE_DIR"
-ENV_STATE_URL = "DLROVER_RM_STATE_URL"
-ENV_TOKEN = "DLROVER_RM_TOKEN"
-ENV_TOKEN_FILE = "DLROVER_RM_TOKEN_FILE"
-BIND_ALL = "0.0.0.0"
-
-_RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 _REFUSED_RESIZE = frozenset({400, 403, 404, 405, 415, 422})
-_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-# Pod-level reasons (status.reason) that say why the whole pod ended.
-_POD_REASONS = frozenset(
-    {"Evicted", "Shutdown", "NodeShutdown", "Terminated", "NodeLost", "Preempting"}
-)
-_T = TypeVar("_T")
-
-
-class KubernetesUnavailableError(DLRoverError):
-    """The Kubernetes API server stayed unreachable (or overloaded) past the outage bound."""
-
-    kind = ErrorKind.UNAVAILABLE
-
-
-# --------------------------------------------------------------------------- pure mapping
-
-
-@dataclass(frozen=True)
-class OwnerRef:
-    """What the node pods are owned by (the master pod): deleting it garbage-collects them."""
-
-    name: str
-    uid: str
-    kind: str = "Pod"
-    api_version: str = "v1"
-
-
-@dataclass(frozen=True)
-class PodConfig:
-    """Everything about a node pod that does not come from its ``NodeSpec``."""
-
-    namespace: str
-    image: str
-    job_name: str
-    owner: OwnerRef | None = None
-    service_account: str | None = None
-    state_pvc: str | None = None  # a PersistentVolumeClaim mounted at state_mount_path
-    state_mount_path: str = "/var/lib/dlrover-rm"
-    state_url: str | None = None  # an fsspec URL instead of (or besides) the volume
-    token_secret: str | None = None  # Secret with key "token": env + file
-    image_pull_policy: str = "IfNotPresent"
-    termination_grace_s: int = 30
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    extra_labels: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not _DNS_LABEL.match(self.namespace):
-            problems.append(f"namespace {self.namespace!r}: use a DNS label (a-z, 0-9, '-')")
-        if not self.image:
-            problems.append("image: give the container image that holds dlrover-rm")
-        if not self.job_name or not _LABEL_VALUE.match(self.job_name):
-            problems.append(
-                f"job_name {self.job_name!r}: use at most 63 of a-z, A-Z, 0-9, '-', '_', '.'"
-            )
-        if not self.state_mount_path.startswith("/"):
-            problems.append(f"state_mount_path {self.state_mount_path!r}: use an absolute path")
-        if problems:
-            raise InputError("invalid Kubernetes pod configuration", problems=problems)
-
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
-
-
-def _dns_part(s: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", s.lower()).strip("-") or "job"
-
-
-def pod_name(job_name: str, role: Role, node_id: int, incarnation: int) -> str:
-    """``<job>-<role>-<id>-<incarnation>``, a DNS label (<= 63 chars: a long job name is cut
-    and given a short hash so two jobs never share a name)."""
-    tail = f"-{role.value}-{node_id}-{incarnation}"
-    head = _dns_part(job_name)
-    if len(head) + len(tail) > 63:
-        digest = hashlib.sha1(job_name.encode()).hexdigest()[:6]
-        head = head[: 63 - len(tail) - 7].rstrip("-") + "-" + digest
-    return head + tail
-
-
-def job_selector(job_name: str) -> str:
-    """The label selector of every node pod of ``job_name``."""
-    return f"{LABEL_APP}={APP},{LABEL_JOB}={job_name}"
-
-
-def node_labels(job_name: str, role: Role, node_id: int, incarnation: int) -> dict[str, str]:
-    return {
-        LABEL_APP: APP,
-        LABEL_JOB: job_name,
-        LABEL_ROLE: role.value,
-        LABEL_NODE_ID: str(node_id),
-        LABEL_INCARNATION: str(incarnation),
-    }
-
-
-def _quantities(res: NodeResources) -> dict[str, str]:
-    out: dict[str, str] = {}
-    if res.cpu_millicores > 0:
-        out["cpu"] = format_cpu(res.cpu_millicores)
-    if res.memory_mib > 0:
-        out["memory"] = f"{res.memory_mib}Mi"
-    return out
-
-
-def node_to_pod(spec: NodeSpec, cfg: PodConfig) -> k8s.V1Pod:
-    """The pod that runs ``spec`` (pure: no API call). See the module docstring."""
-    name = pod_name(cfg.job_name, spec.role, spec.node_id, spec.incarnation)
-    labels = {
-        **cfg.extra_labels,
-        **node_labels(cfg.job_name, spec.role, spec.node_id, spec.incarnation),
-    }
-    threads = str(max(1, round(spec.resources.cpu_cores)))
-    plain: dict[str, str] = {
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-        ENV_BIND_HOST: BIND_ALL,
-        **spec.identity_env(),
-        ENV_NAMESPACE: cfg.namespace,
-        **spec.env,
-    }
-    if cfg.state_pvc:
-        plain.setdefault(ENV_STATE_DIR, cfg.state_mount_path)
-    if cfg.state_url:
-        plain.setdefault(ENV_STATE_URL, cfg.state_url)
-    if cfg.token_secret:
-        plain.setdefault(ENV_TOKEN_FILE, f"{TOKEN_MOUNT_PATH}/token")
-    env = [
-        k8s.V1EnvVar(
-            name=ENV_ADVERTISE_HOST,
-            value_from=k8s.V1EnvVarSource(
-                field_ref=k8s.V1ObjectFieldSelector(field_path="status.podIP")
-            ),
-        ),
-        k8s.V1EnvVar(
-            name=ENV_POD_NAME,
-            value_from=k8s.V1EnvVarSource(
-                field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name")
-            ),
-        ),
-    ]
-    if cfg.token_secret:
-        env.append(
-            k8s.V1EnvVar(
-                name=ENV_TOKEN,
-                value_from=k8s.V1EnvVarSource(
-                    secret_key_ref=k8s.V1SecretKeySelector(name=cfg.token_secret, key="token")
-                ),
-            )
-        )
-    taken = {e.name for e in env}
-    env += [k8s.V1EnvVar(name=k, value=v) for k, v in plain.items() if k not in taken]
-    quantities = _quantities(spec.resources)
-    mounts: list[k8s.V1VolumeMount] = []
-    volumes: list[k8s.V1Volume] = []
-    if cfg.state_pvc:
-        mounts.append(k8s.V1VolumeMount(name=STATE_VOLUME, mount_path=cfg.state_mount_path))
-        volumes.append(
-            k8s.V1Volume(
-                name=STATE_VOLUME,
-                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
-                    claim_name=cfg.state_pvc
-                ),
-            )
-        )
-    if cfg.token_secret:
-        mounts.append(
-            k8s.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT_PATH, read_only=True)
-        )
-        volumes.append(
-            k8s.V1Volume(
-                name=TOKEN_VOLUME,
-                secret=k8s.V1SecretVolumeSource(secret_name=cfg.token_secret, default_mode=0o400),
-            )
-        )
-    container = k8s.V1Container(
-        name=CONTAINER_NAME,
-        image=cfg.image,
-        image_pull_policy=cfg.image_pull_policy,
-        command=list(spec.argv),
-        env=env,
-        resources=k8s.V1ResourceRequirements(requests=quantities, limits=dict(quantities)),
-        resize_policy=[
-            k8s.V1ContainerResizePolicy(resource_name="cpu", restart_policy="NotRequired"),
-            k8s.V1ContainerResizePolicy(resource_name="memory", restart_policy="RestartContainer"),
-        ],
-        volume_mounts=mounts or None,
-        security_context=k8s.V1SecurityContext(
-            allow_privilege_escalation=False,
-            capabilities=k8s.V1Capabilities(drop=["ALL"]),
-        ),
-    )
-    owners = None
-    if cfg.owner is not None:
-        owners = [
-            k8s.V1OwnerReference(
-                api_version=cfg.owner.api_version,
-                kind=cfg.owner.kind,
-                name=cfg.owner.name,
-                uid=cfg.owner.uid,
-                block_owner_deletion=True,
-                controller=False,
-            )
-        ]
-    return k8s.V1Pod(
-        api_version="v1",
-        kind="Pod",
-        metadata=k8s.V1ObjectMeta(
-            name=name, namespace=cfg.namespace, labels=labels, owner_references=owners
-        ),
-        spec=k8s.V1PodSpec(
-            containers=[container],
-            restart_policy="Never",
-            service_account_name=cfg.service_account,
-            automount_service_account_token=False,  # nodes never talk to the API server
-            enable_service_links=False,
-            termination_grace_period_seconds=cfg.termination_grace_s,
-            node_selector=dict(cfg.node_selector) or None,
-            security_context=k8s.V1PodSecurityContext(
-                run_as_non_root=True, run_as_user=1000, fs_group=1000
-            ),
-            volumes=volumes or None,
-        ),
-    )
-
-
-def _identity(pod: Mapping[str, Any]) -> tuple[Role, int, int] | None:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    try:
-        return (
-            Role(labels[LABEL_ROLE]),
-            int(labels[LABEL_NODE_ID]),
-            int(labels[LABEL_INCARNATION]),
-        )
-    except (KeyError, ValueError):
-        return None
-
-
-def pod_exit(
-    pod: Mapping[str, Any], *, at_s: float = 0.0, requested: bool = False
-) -> NodeExit | Literal["pending"] | None:
-    """How the pod ``pod`` (its JSON form, as the API returns it) ended: a ``NodeExit``;
-    ``"pending"`` when it cannot be scheduled; ``None`` while it starts or runs. Pure."""
-    ident = _identity(pod)
-    if ident is None:
-        raise InputError(
-            f"pod {(pod.get('metadata') or {}).get('name')!r} has no dlrover-rm node labels "
-            f"({LABEL_ROLE}, {LABEL_NODE_ID}, {LABEL_INCARNATION}); it is not a node pod"
-        )
-    role, node_id, incarnation = ident
-    name = str((pod.get("metadata") or {}).get("name", ""))
-    status = pod.get("status") or {}
-    phase = status.get("phase")
-    statuses = list(status.get("containerStatuses") or []) + list(
-        status.get("initContainerStatuses") or []
-    )
-    terminated: list[dict[str, Any]] = [
-        t for cs in statuses if (t := (cs.get("state") or {}).get("terminated"))
-    ]
-    waiting: list[dict[str, Any]] = [
-        w for cs in statuses if (w := (cs.get("state") or {}).get("waiting"))
-    ]
-    all_done = bool(statuses) and len(terminated) == len(statuses)
-
-    def made(code: int | None, sig: int | None, reason: str | None) -> NodeExit:
-        return NodeExit(
-            role=role,
-            node_id=node_id,
-            incarnation=incarnation,
-            exit_code=code,
-            signal=sig,
-            reason=reason,
-            at_s=at_s,
-            ref=name,
-            requested=requested,
-        )
-
-    # the container that decides: an OOM-killed one, else the first failed one, else any
-    decisive: dict[str, Any] | None = None
-    for t in terminated:
-        if str(t.get("reason", "")).lower() == OOM_REASON.lower():
-            decisive = t
-            break
-    if decisive is None:
-        decisive = next((t for t in terminated if t.get("exitCode") not in (0, None)), None)
-    if decisive is None and terminated:
-        decisive = terminated[0]
-    code = int(decisive["exitCode"]) if decisive and decisive.get("exitCode") is not None else None
-    sig = int(decisive["signal"]) if decisive and decisive.get("signal") else None
-    c_reason = str(decisive.get("reason")) if decisive and decisive.get("reason") else None
-
-    finished = phase in _TERMINAL_PHASES or all_done
-    pod_reason = status.get("reason")
-    disrupted = any(
-        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    if finished:
-        if c_reason and c_reason.lower() == OOM_REASON.lower():
-            return made(code, sig, OOM_REASON)
-        if code == 0 and phase != "Failed":
-            return made(0, None, None)
-        if pod_reason in _POD_REASONS:
-            return made(code, sig, str(pod_reason))
-        if disrupted:
-            return made(code, sig, DISRUPTED_REASON)
-        if code is not None or c_reason:
-            return made(code, sig, c_reason)
-        return made(None, None, str(pod_reason) if pod_reason else None)
-    for w in waiting:
-        reason = str(w.get("reason", ""))
-        if reason in FATAL_WAITING_REASONS:
-            return made(None, None, reason)
-    if pod_reason in _POD_REASONS and phase not in ("Running", None):
-        return made(code, sig, str(pod_reason))
-    for c in status.get("conditions") or []:
-        if (
-            c.get("type") == "PodScheduled"
-            and c.get("status") == "False"
-            and c.get("reason") == "Unschedulable"
-        ):
-            return "pending"
-    return None
-
-
-def _pod_resources(pod: Mapping[str, Any]) -> NodeResources:
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        if c.get("name") == CONTAINER_NAME:
-            lim = (c.get("resources") or {}).get("limits") or {}
-            return NodeResources(
-                cpu_millicores(lim["cpu"]) if "cpu" in lim else 0,
-                memory_mib(lim["memory"]) if "memory" in lim else 0,
-            )
-    return NodeResources(0, 0)
-
-
-def _parse_time(s: str | None) -> float | None:
-    if not s:
-        return None
-    try:
-        return _dt.datetime.fromisoformat(str(s).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _micro_time(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-# --------------------------------------------------------------------------- retries
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff for API calls: exponential from ``initial_s`` up to ``max_s`` with full jitter;
-    a call gives up (``KubernetesUnavailableError``) once the server has failed for
-    ``outage_s`` in a row."""
-
-    initial_s: float = 0.2
-    max_s: float = 10.0
-    outage_s: float = 300.0
-    request_timeout_s: float = 15.0
-
-    def __post_init__(self) -> None:
-        if self.initial_s <= 0 or self.max_s < self.initial_s or self.outage_s <= 0:
-            raise InputError(f"retry policy {self}: need 0 < initial_s <= max_s and outage_s > 0")
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, ApiException):
-        return exc.status in _RETRY_STATUSES or exc.status == 0
-    return isinstance(
-        exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError | socket.error
-    )
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        return f"HTTP {exc.status} {exc.reason}".strip()
-    return f"{type(exc).__name__}: {exc}"
-
-
-class _Caller:
-    """Runs API calls with the retry policy; ``no_retry`` statuses are returned to the caller
-    as the ``ApiException`` (e.g. 409 on create means 'already there')."""
-
-    def __init__(self, host: str, policy: RetryPolicy, stop: threading.Event | None = None) -> None:
-        self.host = host
-        self.policy = policy
-        self.stop = stop  # set: give up retrying at once (the backend is shutting down)
-
-    def __call__(self, what: str, fn: Callable[[], _T], *, no_retry: Sequence[int] = ()) -> _T:
-        p = self.policy
-
-        def retryable(exc: BaseException) -> bool:
-            if isinstance(exc, ApiException) and exc.status in no_retry:
-                return False
-            return _transient(exc)
-
-        def before_sleep(rs: tenacity.RetryCallState) -> None:
-            exc = rs.outcome.exception() if rs.outcome else None
-            log.warning(
-                "kubernetes API %s: %s; retry %d in %.1f s",
-                what,
-                _describe(exc) if exc else "?",
-                rs.attempt_number,
-                rs.next_action.sleep if rs.next_action else 0.0,
-            )
-
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(retryable),
-            wait=tenacity.wait_random_exponential(multiplier=p.initial_s, max=p.max_s),
-            stop=tenacity.stop_after_delay(p.outage_s)
-            | tenacity.stop_when_event_set(self.stop or threading.Event()),
-            before_sleep=before_sleep,
-            reraise=False,
-        )
-        try:
-            return retrying(fn)
-        except tenacity.RetryError as err:
-            last = err.last_attempt.exception()
-            raise KubernetesUnavailableError(
-                f"the Kubernetes API at {self.host} failed for {p.outage_s:.0f} s while "
-                f"trying to {what} (last: {_describe(last) if last else 'unknown'}); check "
-                "the API server and this pod's network, or raise backend.api_outage_s"
-            ) from last
 
 
 # --------------------------------------------------------------------------- the backend
@@ -568,18 +148,6 @@ class _Pod:
     pending_since: float | None = None
     last: dict[str, Any] | None = None
     exit: NodeExit | None = None
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    """The JSON form of an API answer: a raw response (``_preload_content=False``), a model
-    object, or a dict already."""
-    if isinstance(obj, dict):
-        return obj
-    if isinstance(obj, urllib3.response.BaseHTTPResponse):
-        out = json.loads(obj.data or b"{}")
-    else:
-        out = k8s.ApiClient().sanitize_for_serialization(obj)
-    return out if isinstance(out, dict) else {}
 
 
 class KubernetesBackend:
@@ -1209,198 +777,6 @@ def _cpu_usage_millicores(q: str) -> int:
     if q.endswith("u"):
         return round(int(q[:-1]) / 1_000)
     return cpu_millicores(q)
-
-
-def _status_message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        return str(exc.body or "")[:200]
-    return str(body.get("message", ""))[:300]
-
-
-def _default_client() -> k8s.ApiClient:
-    """In-cluster config when running in a pod, else the local kubeconfig."""
-    from kubernetes import config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            config.load_kube_config()
-        except (config.ConfigException, OSError) as exc:
-            raise InputError(
-                "no Kubernetes API to talk to: not running in a pod and no kubeconfig "
-                f"({exc}); run inside the cluster or set KUBECONFIG"
-            ) from exc
-    return k8s.ApiClient()
-
-
-# --------------------------------------------------------------------------- the run lease
-
-
-class KubernetesLease:
-    """One master per run: a ``coordination.k8s.io/v1`` Lease named ``name``. A master holds
-    it while it renews within ``duration_s``; another takes it over only once it has expired
-    (renewTime + leaseDurationSeconds in the past). Writes use the Lease's resourceVersion,
-    so two masters racing for an expired lease cannot both win (one gets 409)."""
-
-    def __init__(
-        self,
-        namespace: str,
-        name: str,
-        identity: str,
-        *,
-        duration_s: float = 15.0,
-        api_client: k8s.ApiClient | None = None,
-        clock: Callable[[], float] = time.time,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        if duration_s <= 0:
-            raise InputError(f"lease duration_s must be > 0, got {duration_s}")
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity
-        self.duration_s = duration_s
-        api_client = api_client or _default_client()
-        self.api = k8s.CoordinationV1Api(api_client)
-        # a lease that cannot be renewed within its duration is lost: never retry longer
-        policy = retry or RetryPolicy(initial_s=0.2, max_s=2.0, outage_s=max(1.0, duration_s / 2))
-        self._call = _Caller(str(api_client.configuration.host), policy)
-        self._clock = clock
-        self._held_renewed: float | None = None
-
-    def _read(self) -> dict[str, Any] | None:
-        try:
-            return _as_dict(
-                self._call(
-                    f"read lease {self.name}",
-                    lambda: self.api.read_namespaced_lease(
-                        self.name, self.namespace, _preload_content=False
-                    ),
-                    no_retry=(404,),
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def _body(self, now: float, transitions: int, acquired: str | None, rv: str | None) -> dict:
-        meta: dict[str, Any] = {
-            "name": self.name,
-            "namespace": self.namespace,
-            "labels": {LABEL_APP: APP},
-        }
-        if rv is not None:
-            meta["resourceVersion"] = rv
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": meta,
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": max(1, math.ceil(self.duration_s)),
-                "acquireTime": acquired or _micro_time(now),
-                "renewTime": _micro_time(now),
-                "leaseTransitions": transitions,
-            },
-        }
-
-    def _write(self, body: dict, rv: str | None) -> bool:
-        """Create (``rv`` None) or replace; ``False`` on 409 (someone else wrote first)."""
-        try:
-            if rv is None:
-                self._call(
-                    f"create lease {self.name}",
-                    lambda: self.api.create_namespaced_lease(self.namespace, body),
-                    no_retry=(409,),
-                )
-            else:
-                self._call(
-                    f"renew lease {self.name}",
-                    lambda: self.api.replace_namespaced_lease(self.name, self.namespace, body),
-                    no_retry=(409,),
-                )
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
-        return True
-
-    def acquire(self) -> str | None:
-        now = self._clock()
-        cur = self._read()
-        if cur is None:
-            if self._write(self._body(now, 0, None, None), None):
-                self._held_renewed = now
-                return None
-            cur = self._read()
-            if cur is None:
-                return "another master is creating the lease; try again"
-        spec = cur.get("spec") or {}
-        rv = (cur.get("metadata") or {}).get("resourceVersion")
-        holder = spec.get("holderIdentity")
-        renewed = _parse_time(spec.get("renewTime")) or 0.0
-        duration = float(spec.get("leaseDurationSeconds") or self.duration_s)
-        transitions = int(spec.get("leaseTransitions") or 0)
-        if holder == self.identity:
-            body = self._body(now, transitions, spec.get("acquireTime"), rv)
-        elif not holder or renewed + duration < now:
-            body = self._body(now, transitions + 1, None, rv)
-        else:
-            return (
-                f"{holder} since {spec.get('acquireTime')} (renewed {spec.get('renewTime')}, "
-                f"expires in {renewed + duration - now:.0f} s)"
-            )
-        if self._write(body, rv):
-            self._held_renewed = now
-            return None
-        cur = self._read() or {}
-        return f"{(cur.get('spec') or {}).get('holderIdentity')} took the lease first"
-
-    def renew(self) -> bool:
-        held = self._held_renewed
-        if held is None:
-            return False
-        now = self._clock()
-        try:
-            cur = self._read()
-            if cur is None or (cur.get("spec") or {}).get("holderIdentity") != self.identity:
-                self._held_renewed = None
-                return False
-            spec = cur["spec"]
-            rv = (cur.get("metadata") or {}).get("resourceVersion")
-            body = self._body(
-                now, int(spec.get("leaseTransitions") or 0), spec.get("acquireTime"), rv
-            )
-            if not self._write(body, rv):
-                self._held_renewed = None
-                return False
-        except KubernetesUnavailableError:
-            # cannot reach the API: still ours until the lease would have expired
-            if now - held < self.duration_s:
-                return True
-            self._held_renewed = None
-            return False
-        self._held_renewed = now
-        return True
-
-    def release(self) -> None:
-        if self._held_renewed is None:
-            return
-        self._held_renewed = None
-        with contextlib.suppress(ApiException, KubernetesUnavailableError):
-            cur = self._read()
-            if cur is None or (cur.get("spec") or {}).get("holderIdentity") != self.identity:
-                return
-            rv = (cur.get("metadata") or {}).get("resourceVersion")
-            body = self._body(
-                self._clock(), int(cur["spec"].get("leaseTransitions") or 0), None, rv
-            )
-            body["spec"]["holderIdentity"] = None
-            body["spec"]["renewTime"] = None
-            self._write(body, rv)
 
 
 def iter_job_pods(api_client: k8s.ApiClient, namespace: str, job_name: str) -> Iterator[dict]:

@@ -33,7 +33,7 @@ from kubernetes.client.rest import ApiException
 
 from dlrover_core.errors import InputError
 from dlrover_core.runtime.backends.base import NodeExit
-from dlrover_core.runtime.backends.kubernetes import (
+from dlrover_core.runtime.backends.kubernetes_pods import (
     APP,
     ENV_NAMESPACE,
     ENV_POD_NAME,

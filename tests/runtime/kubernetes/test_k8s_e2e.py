@@ -102,7 +102,7 @@ def _run_with_faults(apiserver: ApiServerThread, tmp_path: Path, ps: str) -> tup
     live = [
         p["metadata"]["name"]
         for p in pods
-        if p["status"].get("phase") not in ("Succeeded", "Failed")
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
     ]
     assert live == [], f"pods outlived the job: {live}"
     print(f"small.yaml through Kubernetes ({ps}): {wall:.0f} s, auc {report.get('auc')}",
