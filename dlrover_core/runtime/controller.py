@@ -421,23 +421,7 @@ class JobMaster:
         if gen is None or gen["state"] != GEN_STARTING:
             self._switch = None
             return
-        addresses: list[str] = []
-        missing: list[_Node] = []
-        for i in range(int(gen["count"])):
-            n = self.nodes.get((Role.PS, i))
-            rec = self.state.node(Role.PS, i)
-            if (
-                n is None
-                or rec is None
-                or rec.state is not NodeState.RUNNING
-                or rec.incarnation != n.incarnation
-                or rec.generation != sw.gen
-                or not rec.address
-            ):
-                if n is not None:
-                    missing.append(n)
-                continue
-            addresses.append(rec.address)
+        addresses, missing = self._serving(sw.gen, int(gen["count"]))
         if not missing:
             _, version = self.state.ps_set()
             for g in self.state.generations_in(GEN_ACTIVE):
@@ -451,11 +435,50 @@ class JobMaster:
             return
         if self.mono() > sw.deadline_mono:
             for n in missing:
-                if n.handle is not None and n.kill_reason is None:
+                if n.handle is not None and n.kill_reason is None and n in self.nodes.values():
                     n.kill_reason = f"did not register within the PS start deadline (gen {sw.gen})"
                     log.warning("%s %s: killing it", n.name, n.kill_reason)
                     self.backend.kill(n.handle)
             sw.deadline_mono = self.mono() + max(30.0, self.spec.pacing.pending_timeout_s)
+
+    def _serving(self, gid: int, count: int) -> tuple[list[str], list[_Node]]:
+        """The addresses of generation ``gid``'s PS that registered (current incarnation),
+        and the PS that did not yet (or are missing)."""
+        assert self.state is not None
+        addresses: list[str] = []
+        missing: list[_Node] = []
+        for i in range(count):
+            n = self.nodes.get((Role.PS, i))
+            rec = self.state.node(Role.PS, i)
+            if (
+                n is None
+                or rec is None
+                or rec.state is not NodeState.RUNNING
+                or rec.incarnation != n.incarnation
+                or rec.generation != gid
+                or not rec.address
+            ):
+                missing.append(n or _Node(Role.PS, i, NodeResources(0, 0)))
+                continue
+            addresses.append(rec.address)
+        return addresses, missing
+
+    def _publish_ps_set(self) -> None:
+        """Outside a set change: once every PS of the active generation is registered (a
+        relaunched one at its new address), workers get the addresses as a new version."""
+        assert self.state is not None
+        if self._switch is not None:
+            return
+        active = self.state.generations_in(GEN_ACTIVE)
+        if not active:
+            return
+        addresses, missing = self._serving(int(active[-1]["id"]), int(active[-1]["count"]))
+        if missing:
+            return
+        published, version = self.state.ps_set()
+        if addresses != published:
+            self.state.set_ps_set(addresses, version + 1)
+            log.info("PS set version %d: %s", version + 1, addresses)
 
     def _replace_ps_set(self, new: ResourcePlan) -> None:
         """Scale or migrate the PS set: freeze the active set (no push is applied from now on;
@@ -675,6 +698,10 @@ class JobMaster:
         for role, node_id in self.state.dead_nodes(self.heartbeat):
             self._kill(role, node_id, f"no heartbeat for {self.heartbeat.dead_after_s:g} s")
         for role, node_id in self.state.unregistered_nodes(self.spec.pacing.pending_timeout_s):
+            n = self.nodes.get((role, node_id))
+            u = self.backend.usage(n.handle) if n is not None and n.handle is not None else None
+            if u is not None and u.cpu_percent > 5.0:
+                continue  # still starting (busy importing on a loaded host), not stuck
             self._kill(
                 role,
                 node_id,
@@ -890,6 +917,7 @@ class JobMaster:
         self._check_liveness()
         self._check_restores()
         self._progress_switch()
+        self._publish_ps_set()
         if self.failure is not None or self.stop_reason is not None:
             return True
         counts = self.state.shards.counts()

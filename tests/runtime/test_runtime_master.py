@@ -42,7 +42,12 @@ class FakeClock:
 def make_state(run_dir: Path, clock: FakeClock | None = None, **kw: object) -> MasterState:
     args: dict[str, object] = {"total_rows": 100, "shard_size": 10, "synchronous": "NORMAL"}
     args.update(kw)
-    return MasterState(run_dir, clock=clock or time.time, **args)  # type: ignore[arg-type]
+    return MasterState(
+        run_dir,
+        clock=clock or time.time,
+        monotonic=clock or time.monotonic,
+        **args,  # type: ignore[arg-type]
+    )
 
 
 # --- MasterState, in process ------------------------------------------------------------------
@@ -58,6 +63,7 @@ def test_register_heartbeat_and_dead_nodes(tmp_path: Path) -> None:
         "ps_addresses": ["127.0.0.1:5000"],
         "ps_version": 1,
         "config": {"batch_size": 64},
+        "done_seq": 0,
     }
     s.register(PS, 0, pid=222)
     policy = HeartbeatPolicy(interval_s=1.0, dead_after_s=10.0)
@@ -65,7 +71,9 @@ def test_register_heartbeat_and_dead_nodes(tmp_path: Path) -> None:
     hb = s.heartbeat(W, 0, {"cpu_percent": 150.0, "rss_mib": 300.0, "step": 5})
     assert hb["action"] == "" and hb["ps_version"] == 1
     clock.t += 1.0  # the PS's last word is now 10 s old
-    assert s.dead_nodes(clock.t, policy) == [(PS, 0)]
+    assert s.dead_nodes(policy) == [(PS, 0)]  # every role is watched, PS too
+    clock.t -= 5.0  # a wall-clock step back does not revive it: liveness is monotonic here
+    clock.t += 5.0
     assert s.heartbeat(W, 5, {})["action"] == "register"  # never registered here
     with pytest.raises(RpcError) as e:
         s.get_shard(5)
@@ -81,7 +89,7 @@ def test_marking_a_worker_failed_gives_its_shards_back(tmp_path: Path) -> None:
     assert s.shards.counts()["todo"] == 9
     assert s.heartbeat(W, 0, {})["action"] == "stop"  # a zombie of a failed node
     assert s.get_shard(0) == {"stop": True}
-    s.mark_node(W, 0, NodeState.PENDING, restarts=1)
+    s.record_launch(W, 0, 1, NodeResources(1000, 1024), ref="2")
     s.register(W, 0, pid=2, incarnation=1)
     assert s.get_shard(0)["shard_id"] == b["shard_id"]
 
@@ -98,6 +106,14 @@ def test_a_new_process_takes_over_and_an_old_one_is_refused(tmp_path: Path) -> N
     with pytest.raises(RpcError, match="superseded"):
         s.register(W, 3, pid=10, incarnation=0)
     assert s.heartbeat(W, 3, {}, incarnation=0)["action"] == "stop"
+    # a superseded process still alive can neither take nor complete a shard
+    with pytest.raises(RpcError, match="superseded"):
+        s.get_shard(3, incarnation=0)
+    mine = s.get_shard(3, incarnation=1)
+    with pytest.raises(RpcError, match="superseded"):
+        s.shard_done(3, mine["shard_id"], incarnation=0)
+    assert s.shard_done(3, mine["shard_id"], incarnation=1)
+    assert s.shards.completed_twice == 0
 
 
 def test_get_shard_wait_done_and_stop(tmp_path: Path) -> None:
@@ -145,8 +161,10 @@ def test_hung_nodes(tmp_path: Path) -> None:
         s.heartbeat(W, 0, {"cpu_percent": 1.0, "step": 7})
     policy = HangPolicy(cpu_util_below=0.05, no_progress_for_s=60.0, min_cpu_samples=3)
     alloc = {(W, 0): NodeResources(1000, 1024)}
-    assert s.hung_nodes(clock.t + 59.0, policy, alloc) == []
-    assert s.hung_nodes(clock.t + 60.0, policy, alloc) == [(W, 0)]
+    clock.t += 59.0
+    assert s.hung_nodes(policy, alloc) == []
+    clock.t += 1.0
+    assert s.hung_nodes(policy, alloc) == [(W, 0)]
 
 
 def test_state_is_restored_after_a_restart(tmp_path: Path) -> None:
@@ -154,7 +172,8 @@ def test_state_is_restored_after_a_restart(tmp_path: Path) -> None:
     s = make_state(tmp_path, clock)
     s.register(W, 0, pid=5)
     s.register(PS, 0, pid=6)
-    s.mark_node(W, 1, NodeState.FAILED, pid=7, restarts=2)
+    s.record_launch(W, 1, 2, NodeResources(1000, 1024), ref="7", relaunches={"killed": 2})
+    s.mark_node(W, 1, NodeState.FAILED)
     s.set_ps_set(["a:1", "b:2"], 3)
     s.record_plan({"stage": "scaling", "reasons": ["more workers"]})
     s.record_fault({"node": "worker-1", "exit_class": "killed", "action": "relaunch"})
@@ -173,8 +192,11 @@ def test_state_is_restored_after_a_restart(tmp_path: Path) -> None:
     assert (st[("worker", 1)]["state"], st[("worker", 1)]["restarts"]) == ("failed", 2)
     assert st[("worker", 0)]["shards_doing"] == [held["shard_id"]]
     # a fresh grace period: nobody is dead the moment the master comes back
-    assert s2.dead_nodes(clock.t + 9.0, HeartbeatPolicy(interval_s=1.0, dead_after_s=10.0)) == []
-    dead = s2.dead_nodes(clock.t + 10.0, HeartbeatPolicy(interval_s=1.0, dead_after_s=10.0))
+    assert s2.node(W, 1) is not None and s2.node(W, 1).relaunches == {"killed": 2}  # type: ignore[union-attr]
+    clock.t += 9.0
+    assert s2.dead_nodes(HeartbeatPolicy(interval_s=1.0, dead_after_s=10.0)) == []
+    clock.t += 1.0
+    dead = s2.dead_nodes(HeartbeatPolicy(interval_s=1.0, dead_after_s=10.0))
     assert dead == [(PS, 0), (W, 0)]
     assert s2.mark_node(W, 0, NodeState.FAILED) == [held["shard_id"]]
     saved = json.loads((tmp_path / STATE_FILE).read_text())
@@ -189,15 +211,15 @@ def test_status_is_json(tmp_path: Path) -> None:
     status = json.loads(json.dumps(s.status()))
     assert status["job_state"] == "running"
     assert status["shards"]["done"] == 1 and status["shards"]["todo"] == 9
-    assert status["nodes"][0] | {"stats": {}, "last_heartbeat_s": 0, "heartbeat_age_s": 0} == {
+    assert status["nodes"][0] | {"stats": {}, "heartbeat_age_s": 0} == {
         "role": "worker",
         "id": 0,
         "name": "worker-0",
+        "ref": "",
         "pid": os.getpid(),
         "state": "running",
         "restarts": 0,
         "incarnation": 0,
-        "last_heartbeat_s": 0,
         "heartbeat_age_s": 0,
         "stop_requested": False,
         "stats": {},
@@ -395,7 +417,7 @@ def test_sigkill_the_master_process_mid_job(tmp_path: Path) -> None:
         assert sum(counted) == 200
         status = clients[0].status()
         assert status["master_starts"] == 3
-        assert status["shards"] | {"samples_total": 0} == {
+        assert status["shards"] | {"samples_total": 0, "done_seq": 0} == {
             "todo": 0,
             "doing": 0,
             "done": 200,
@@ -406,6 +428,8 @@ def test_sigkill_the_master_process_mid_job(tmp_path: Path) -> None:
             "samples_done": 2000,
             "samples_total": 0,
             "samples_retrained": 0,
+            "replayed": 0,
+            "done_seq": 0,
         }
         assert [c.registrations for c in clients] == [3, 3]
     finally:

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlrover_core.errors import DLRoverError, ErrorKind
+from dlrover_core.runtime.files import fsync_dir
 from dlrover_core.runtime.strategies.ps.partition import dense_owners, owner
 
 log = logging.getLogger(__name__)
@@ -139,19 +140,6 @@ class ReshardResult:
 # --- writing ---------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -231,7 +219,7 @@ def save(
         f.flush()
         os.fsync(f.fileno())
     os.replace(mtmp, d / f"ckpt-{seq:08d}.json")
-    _fsync_dir(d)
+    fsync_dir(d)
     _prune(d, keep)
     return CheckpointInfo(
         d, seq, step, state.index, state.num_ps, digest, nbytes, created, int(tag)

@@ -558,6 +558,7 @@ class Worker:
             addresses, version = master.get_ps_set()
         self._ps = PSClient(addresses, self.token, self.tables)
         self.ps_version = version
+        self._start_heartbeat()  # alive while it waits for the PS set, too
         self._with_ps(self._init_dense)
         log.info(
             "worker %d (incarnation %d) up: %d PS (version %d), %d dense parameters",
@@ -567,7 +568,6 @@ class Worker:
             version,
             sum(p.numel() for p in self.tower.parameters()),
         )
-        self._start_heartbeat()
         last_metrics = time.monotonic()
         self.rate.add(last_metrics, 0)
         while True:

@@ -1,0 +1,296 @@
+"""The controller's fault matrix on the local backend: real master, PS and worker processes,
+real signals, real files. Every case checks the report (state and reason), exactly-once shard
+accounting where the job succeeds, and that no process of the run is left 10 s after the
+master exits. Slow (each case starts torch in several processes), so marked, but run in CI."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runtime import faultkit as fk
+
+pytestmark = pytest.mark.slow
+ROWS = 60_000
+DRIVER = Path(__file__).with_name("drive_master.py")
+
+
+@pytest.fixture
+def run(tmp_path: Path):  # type: ignore[no-untyped-def]
+    rd = tmp_path / "run"
+    yield rd
+    fk.kill_all(rd)  # whatever a failed assertion left behind
+
+
+def _train(tmp: Path, rd: Path, *sets: str) -> subprocess.Popen[bytes]:
+    return fk.start_train(tmp, rd, f"data.rows={ROWS}", *sets)
+
+
+def _finish(p: subprocess.Popen[bytes], timeout_s: float = 600) -> int:
+    return p.wait(timeout=timeout_s)
+
+
+def _drive(tmp: Path, rd: Path, scenario: str, *sets: str) -> subprocess.Popen[bytes]:
+    args = [sys.executable, str(DRIVER), str(rd), scenario]
+    for s in (*fk.FAST, f"data.rows={ROWS}", *sets):
+        args += ["--set", s]
+    out = open(tmp / "driver.log", "ab")  # noqa: SIM115
+    return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=fk.env(tmp))
+
+
+def _resume(tmp: Path, rd: Path, *sets: str) -> int:
+    p = _train(tmp, rd, *sets)
+    return _finish(p)
+
+
+def test_corrupt_only_checkpoint_then_kill_ps_fails_at_once_with_a_report(
+    tmp_path: Path, run: Path
+) -> None:
+    p = _train(tmp_path, run)
+    pid = fk.wait_for(lambda: fk.running_pid(run, "ps", 0), 300, "ps-0 to register")
+    ckdir = run / "ps" / "gen-1" / "ps-0"
+    npz = fk.wait_for(lambda: sorted(ckdir.glob("ckpt-*.npz")), 60, "a PS checkpoint")
+    for f in npz:
+        f.write_bytes(b"garbage" * 1000)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = _finish(p, 120)
+    assert rc != 0
+    assert time.monotonic() - t0 < 60, "the job must fail at once, not after a long wait"
+    r = fk.report(run)
+    assert r["state"] == "failed" and "ps-0" in r["failure"], r["failure"]
+    assert fk.state(run)["job_state"] == "failed"
+    fk.assert_no_orphans(run)
+
+
+def test_kill_a_ps_then_the_master_then_resume(tmp_path: Path, run: Path) -> None:
+    p = _train(tmp_path, run)
+    pid = fk.wait_for(lambda: fk.running_pid(run, "ps", 0), 300, "ps-0 to register")
+    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    os.kill(pid, signal.SIGKILL)
+    fk.wait_for(lambda: fk.running_pid(run, "ps", 0, min_incarnation=1), 60, "ps-0 relaunched")
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    assert _resume(tmp_path, run) == 0
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    assert r["master_starts"] == 2
+    fk.assert_no_orphans(run)
+
+
+@pytest.mark.parametrize("point", ["after_freeze", "after_generation", "after_launch", "0.7"])
+def test_master_killed_during_a_ps_migration_resumes(tmp_path: Path, run: Path, point: str) -> None:
+    d = _drive(tmp_path, run, f"migrate:{point}")
+    rc = d.wait(timeout=600)
+    assert rc == -signal.SIGKILL, (tmp_path / "driver.log").read_text()[-2000:]
+    assert _resume(tmp_path, run) == 0, (tmp_path / "master.log").read_text()[-3000:]
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    gens = fk.state(run)["generations"]
+    assert gens[-1]["state"] == "active"
+    if point != "after_freeze":
+        assert gens[-1]["count"] == 2  # the change was rolled forward
+    fk.assert_no_orphans(run)
+
+
+def test_a_ps_of_a_freshly_resharded_set_keeps_its_rows_when_killed(
+    tmp_path: Path, run: Path
+) -> None:
+    d = _drive(tmp_path, run, "migrate:never")
+    fk.wait_for(
+        lambda: any(
+            g["state"] == "active" and g["count"] == 2 for g in fk.state(run).get("generations", [])
+        ),
+        600,
+        "the 2-PS generation to be active",
+    )
+    pid = fk.wait_for(lambda: fk.running_pid(run, "ps", 1), 60, "ps-1 of the new set")
+    os.kill(pid, signal.SIGKILL)
+    assert d.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-2000:]
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    log = (run / "logs" / "ps-1.log").read_text()
+    relaunched = [ln for ln in log.splitlines() if "incarnation" in ln and "restored" in ln][-1]
+    assert "own:" in relaunched and " 0 rows restored" not in relaunched, relaunched
+    fk.assert_no_orphans(run)
+
+
+def test_a_second_master_on_a_live_run_is_refused(tmp_path: Path, run: Path) -> None:
+    p = _train(tmp_path, run)
+    fk.wait_for(lambda: fk.running_pid(run, "worker", 0), 300, "worker-0 to register")
+    spec_before = hashlib.sha256((run / "spec.json").read_bytes()).hexdigest()
+    second = subprocess.run(
+        fk.train_cmd(run, f"data.rows={ROWS}"), capture_output=True, text=True, env=fk.env(tmp_path)
+    )
+    assert second.returncode == 2
+    assert "being trained by another master (pid" in second.stderr, second.stderr
+    assert "Traceback" not in second.stderr
+    assert _finish(p) == 0
+    fk.check_exactly_once(fk.report(run))
+    assert hashlib.sha256((run / "spec.json").read_bytes()).hexdigest() == spec_before
+    # a finished run: said so, nothing changed
+    again = subprocess.run(
+        fk.train_cmd(run, f"data.rows={ROWS}"), capture_output=True, text=True, env=fk.env(tmp_path)
+    )
+    assert again.returncode == 2 and "already finished" in again.stderr
+    from dlrover_core.history.store import HistoryStore
+
+    store = HistoryStore(f"sqlite:///{tmp_path / 'history.db'}")
+    try:
+        assert len(store.runs()) == 1
+    finally:
+        store.close()
+    fk.assert_no_orphans(run)
+
+
+def test_a_stopped_ps_is_detected_and_relaunched(tmp_path: Path, run: Path) -> None:
+    p = _train(tmp_path, run)
+    pid = fk.wait_for(lambda: fk.running_pid(run, "ps", 0), 300, "ps-0 to register")
+    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    os.killpg(pid, signal.SIGSTOP)  # hangs (no exit) for longer than dead_after_s
+    assert _finish(p) == 0
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    assert any(f["node"] == "ps-0" and "no heartbeat" in f["why"] for f in r["faults"]), r["faults"]
+    fk.assert_no_orphans(run)
+
+
+def test_a_worker_stopped_before_it_registers_is_relaunched(tmp_path: Path, run: Path) -> None:
+    d = _drive(tmp_path, run, "stop_new_worker", "pacing.pending_timeout_s=45")
+    assert d.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-2000:]
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    assert any(f["node"] == "worker-0" and "never registered" in f["why"] for f in r["faults"]), r[
+        "faults"
+    ]
+    fk.assert_no_orphans(run)
+
+
+def test_nodes_leave_when_the_master_dies_for_good(tmp_path: Path, run: Path) -> None:
+    p = _train(tmp_path, run, "data.rows=2000000")
+    fk.wait_for(lambda: fk.running_pid(run, "worker", 0), 300, "worker-0 to register")
+    fk.wait_for(lambda: fk.running_pid(run, "ps", 0), 60, "ps-0 to register")
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    t0 = time.monotonic()
+    fk.assert_no_orphans(run, within_s=8 + 10)  # dead_after_s + 10
+    took = time.monotonic() - t0
+    assert took <= 18, took
+
+
+def test_an_exception_in_the_loop_stops_every_node_and_reports(tmp_path: Path, run: Path) -> None:
+    d = _drive(tmp_path, run, "raise")
+    assert d.wait(timeout=600) == 1
+    r = fk.report(run)
+    assert r["state"] == "failed"
+    assert "internal error: RuntimeError: scripted failure" in r["failure"]
+    assert fk.state(run)["job_state"] == "failed"
+    fk.assert_no_orphans(run)
+
+
+def test_sigterm_stops_cleanly_and_the_run_resumes(tmp_path: Path, run: Path) -> None:
+    p = _train(tmp_path, run)
+    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    p.send_signal(signal.SIGTERM)
+    assert _finish(p, 60) != 0
+    r = fk.report(run)
+    assert r["state"] == "stopped" and "SIGTERM" in r["reason"]
+    fk.assert_no_orphans(run)
+    assert _resume(tmp_path, run) == 0
+    fk.check_exactly_once(fk.report(run))
+    fk.assert_no_orphans(run)
+
+
+def _mount_tmpfs(path: Path, size_mib: int) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)],
+        capture_output=True,
+    )
+    return r.returncode == 0
+
+
+def test_disk_full_mid_run_fails_with_a_report_and_no_stray_files(tmp_path: Path) -> None:
+    mnt = tmp_path / "small-disk"
+    if not _mount_tmpfs(mnt, 96):
+        pytest.skip("cannot mount a tmpfs here (needs root): the disk-full case is not run")
+    run = mnt / "run"
+    try:
+        p = _train(tmp_path, run)
+        fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+        with open(mnt / "filler", "wb") as f:  # fill what is left
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        rc = _finish(p, 120)
+        assert rc != 0
+        r = fk.report(run)
+        assert r["state"] == "failed" and "disk full" in r["failure"], r["failure"]
+        assert fk.state(run)["job_state"] == "failed"
+        fk.assert_no_orphans(run)
+        stray = [x.name for x in run.rglob(".*.tmp")]
+        assert stray == [], stray
+    finally:
+        fk.kill_all(run)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# the planner acts fast here, so PS migrations and worker resizes are in flight at the kills
+REPLANNING = ("data.rows=150000", "pacing.replan_interval_s=4", "pacing.ps_change_interval_s=8",
+              "pacing.worker_stable_s=2", "pacing.sample_window_s=1.5")  # fmt: skip
+
+
+def master_restarts(tmp_path: Path, run: Path, restarts: int, seed: int) -> dict[str, float]:
+    """SIGKILL the master at random instants and restart it on the same run dir ``restarts``
+    times, then let it finish. Returns the worst and mean recovery time (from the restart to
+    the first shard done after it)."""
+    rng = random.Random(seed)
+    recoveries: list[float] = []
+    for _ in range(restarts):
+        p = _train(tmp_path, run, *REPLANNING)
+        time.sleep(rng.uniform(2.0, 8.0))
+        if p.poll() is not None:
+            break
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        t0 = time.monotonic()
+        before = fk.samples_done(run)
+        q = _train(tmp_path, run, *REPLANNING)
+        try:
+            fk.wait_for(
+                lambda q=q, before=before: fk.samples_done(run) > before or q.poll() is not None,
+                180,
+                "progress after a master restart",
+            )
+        finally:
+            recoveries.append(time.monotonic() - t0)
+            q.send_signal(signal.SIGKILL)
+            q.wait(timeout=10)
+    assert _resume(tmp_path, run, *REPLANNING) == 0, (tmp_path / "master.log").read_text()[-3000:]
+    fk.check_exactly_once(fk.report(run))
+    fk.assert_no_orphans(run)
+    return {
+        "restarts": float(len(recoveries)),
+        "worst_recovery_s": max(recoveries, default=0.0),
+        "mean_recovery_s": sum(recoveries) / max(1, len(recoveries)),
+    }
+
+
+def test_master_restarts_at_random_instants(tmp_path: Path, run: Path) -> None:
+    """The master is SIGKILLed at random instants (seeded) and restarted on the same run dir,
+    again and again; the job always finishes, exactly once, with nothing left behind."""
+    seed = int(os.environ.get("DLROVER_RM_FAULT_SEED", "7"))
+    restarts = int(os.environ.get("DLROVER_RM_MASTER_RESTARTS", "3"))
+    got = master_restarts(tmp_path, run, restarts, seed)
+    print(f"master restarts: {got}")

@@ -1,0 +1,175 @@
+"""The controller's building blocks, in process: the PS freeze and tagged checkpoints, the run
+lease, write-ahead generations surviving a restart, one clear error for a corrupt state file or
+a malformed RPC body, the disk reserve, and what a PS restores (with its tag)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from dlrover_core.errors import InputError
+from dlrover_core.runtime import wire
+from dlrover_core.runtime.files import DiskReserve, FileLease, atomic_write_json
+from dlrover_core.runtime.service import MASTER_SERVICE, serve_master
+from dlrover_core.runtime.state import GEN_ACTIVE, GEN_STARTING, STATE_FILE, MasterState
+from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
+from dlrover_core.runtime.strategies.ps.client import PSClient, PSUnavailable
+from dlrover_core.runtime.strategies.ps.control import checkpoint_set, freeze_set
+from dlrover_core.runtime.strategies.ps.server import PSServer, PSShard, restore_tagged
+from dlrover_core.types import NodeResources, Role
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = {"t0": 4}
+
+
+@pytest.fixture
+def ps(tmp_path: Path):  # type: ignore[no-untyped-def]
+    token = wire.create_token(tmp_path)
+    server = PSServer(PSShard(), token, tmp_path / "ckpt")
+    server.start()
+    client = PSClient([server.address], token, TABLES)
+    yield server, client, token
+    client.close()
+    server.stop(0)
+
+
+def test_a_frozen_ps_refuses_data_calls_and_loses_no_push(ps) -> None:  # type: ignore[no-untyped-def]
+    server, client, token = ps
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    before = client.pull("t0", ids).copy()
+    client.push("t0", ids, np.ones((3, 4), np.float32))
+    freeze_set([server.address], token, True)
+    with pytest.raises(PSUnavailable, match="frozen"):
+        client.push("t0", ids, np.ones((3, 4), np.float32))
+    with pytest.raises(PSUnavailable):
+        client.pull("t0", ids)
+    # the final checkpoint of the frozen set holds every applied push, tagged
+    (tag,) = checkpoint_set([server.address], token, 17)
+    assert tag == 17
+    loaded = ckpt.load_latest(server.checkpoint_dir)  # type: ignore[arg-type]
+    assert loaded is not None and loaded.info.tag == 17
+    assert server.shard.step == loaded.state.step  # nothing applied after the freeze
+    freeze_set([server.address], token, False)
+    after = client.pull("t0", ids)
+    assert not np.allclose(before, after)  # the one push before the freeze, and only it
+
+
+def test_restore_tagged_own_reshard_and_empty(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    s = PSShard(index=0, num_ps=1)
+    s.pull("t0", np.arange(10, dtype=np.int64), dim=4)
+    ckpt.save(s, own, tag=9)
+    shard, info, source, tag = restore_tagged(0, 1, own)
+    assert source.startswith("own:") and tag == 9 and shard.num_rows == 10
+    # a new set of 2 re-sharded from it: the sources' smallest tag
+    shard, info, source, tag = restore_tagged(0, 2, tmp_path / "new0", [own])
+    assert source.startswith("reshard:") and tag == 9 and info is None
+    # nothing anywhere: empty, tag 0 (no shard's updates: every done shard is trained again)
+    assert restore_tagged(0, 1, tmp_path / "none")[2:] == ("empty", 0)
+
+
+def test_the_run_lease_refuses_a_second_master_and_names_the_first(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time
+                from dlrover_core.runtime.files import FileLease
+                lease = FileLease({str(tmp_path)!r})
+                assert lease.acquire() is None
+                print("held", flush=True)
+                time.sleep(60)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        mine = FileLease(tmp_path)
+        who = mine.acquire()
+        assert who is not None and f"pid {holder.pid}" in who
+    finally:
+        holder.kill()
+        holder.wait()
+    assert mine.acquire() is None  # the kernel dropped the dead holder's lock
+    mine.release()
+
+
+def test_generations_and_budgets_survive_a_restart(tmp_path: Path) -> None:
+    s = MasterState(tmp_path, total_rows=100, shard_size=10)
+    g1 = s.begin_generation(1, [], 0, GEN_ACTIVE)
+    g2 = s.begin_generation(2, ["/a", "/b"], 5, GEN_STARTING)
+    s.record_launch(Role.PS, 0, 3, NodeResources(500, 512), ref="99", generation=g2["id"],
+                    relaunches={"killed": 2})  # fmt: skip
+    # killed: no close()
+    s2 = MasterState(tmp_path, total_rows=100, shard_size=10)
+    assert [g["state"] for g in s2.generations] == [GEN_ACTIVE, GEN_STARTING]
+    assert s2.generation(g2["id"])["restore_from"] == ["/a", "/b"]  # type: ignore[index]
+    rec = s2.node(Role.PS, 0)
+    assert rec is not None and (rec.incarnation, rec.ref, rec.generation) == (3, "99", 2)
+    assert rec.relaunches == {"killed": 2} and g1["id"] == 1
+
+
+@pytest.mark.parametrize(
+    "content", ["{not json", "[1, 2]", '{"nodes": [{"role": "nope"}]}', "\xff\xfe"]
+)
+def test_a_corrupt_master_state_is_one_clear_error(tmp_path: Path, content: str) -> None:
+    (tmp_path / STATE_FILE).write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(InputError, match=r"master\.json") as e:
+        MasterState(tmp_path, total_rows=100, shard_size=10)
+    assert "new run directory" in str(e.value)
+    assert (tmp_path / STATE_FILE).read_bytes() == content.encode("utf-8", "surrogateescape")
+
+
+def test_a_malformed_rpc_body_is_refused_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    token = wire.create_token(tmp_path)
+    state = MasterState(tmp_path, total_rows=100, shard_size=10)
+    server, port = serve_master(state, token)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        call = channel.unary_unary(f"/{MASTER_SERVICE}/Register")
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\x00\x01garbage", metadata=[("x-dlrover-token", token)], timeout=5)
+        assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed request body" in (e.value.details() or "")
+        c = wire.Client(f"127.0.0.1:{port}", MASTER_SERVICE, token)
+        with pytest.raises(grpc.RpcError) as e2:
+            c.call("Register", {"role": "worker", "node_id": "x"})
+        assert e2.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "node_id" in (e2.value.details() or "")
+        assert c.call("Register", {"role": "worker", "node_id": 0})["ok"] is True
+        c.close()
+    finally:
+        channel.close()
+        server.stop(0)
+        state.close()
+
+
+def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "x.json"
+    atomic_write_json(target, {"a": 1})
+    with pytest.raises(ValueError):
+        atomic_write_json(target, {"a": float("nan")})  # JSON has no NaN: refused, not written
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_disk_reserve_is_real_space_and_released(tmp_path: Path) -> None:
+    r = DiskReserve(tmp_path, nbytes=1 << 20)
+    r.create()
+    assert r.path.stat().st_blocks * 512 >= 1 << 20  # not sparse
+    r.release()
+    assert not r.path.exists()
