@@ -146,12 +146,16 @@ class ApiServer(kmock.KubernetesEmulator):
             self.compacted_rv = self.rv
             self.events.clear()
 
-    def objects_of(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    def objects_of(
+        self, plural: str, namespace: str | None = None, group: str = ""
+    ) -> list[dict[str, Any]]:
+        """Stored objects of one resource (``group`` "" is the core API: ``pods`` are Pods,
+        not metrics.k8s.io PodMetrics)."""
         with self._guard:
             return [
                 copy.deepcopy(o)
                 for (g, v, p, ns, _), o in self.store.items()
-                if p == plural and (namespace is None or ns == namespace)
+                if p == plural and g == group and (namespace is None or ns == namespace)
             ]
 
     # ------------------------------------------------------------- serving

@@ -416,6 +416,10 @@ class KubeletStandIn:
         if sig is not None and not proc.oom:
             term["signal"] = sig
         self.exits[name] = exit_code
+        with contextlib.suppress(ApiException):  # metrics-server stops reporting an ended pod
+            self.custom.delete_namespaced_custom_object(
+                "metrics.k8s.io", "v1beta1", self.namespace, "pods", name, _preload_content=False
+            )
         self._container_status(
             name, container, "Succeeded" if exit_code == 0 else "Failed", {"terminated": term}
         )
