@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -385,9 +386,60 @@ class PacingSpec(_Strict):
 
 
 class BackendSpec(_Strict):
+    """Where nodes run: local processes, or pods (``kind: kubernetes``; the other fields are
+    read only then). Durable state on Kubernetes lives on ``state_pvc`` (a ReadWriteMany claim
+    mounted in every pod) or at ``state_url`` (fsspec), never in a container's filesystem;
+    ``dlrover-rm submit`` creates a claim for a job that names neither, ``train`` in a pod
+    refuses to start without one."""
+
     kind: Literal["local", "kubernetes"] = "local"
     namespace: str = "default"
     image: str = "dlrover-rm:latest"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account: str | None = Field(
+        default="dlrover-rm-node", description="the node pods' ServiceAccount (no API access)"
+    )
+    state_pvc: str | None = None
+    state_mount_path: str = "/var/lib/dlrover-rm"
+    state_url: str | None = None
+    resize: bool = Field(default=True, description="in-place CPU resize (pods/resize, k8s 1.33+)")
+    termination_grace_s: int = Field(default=30, ge=0)
+    resync_s: float = Field(default=10, gt=0, description="relist period of the pod watch")
+    api_retry_initial_s: float = Field(default=0.2, gt=0)
+    api_retry_max_s: float = Field(default=10, gt=0)
+    api_outage_s: float = Field(
+        default=300, gt=0, description="how long the API may fail before the job fails"
+    )
+
+    @model_validator(mode="after")
+    def _check_kubernetes(self) -> BackendSpec:
+        if self.kind != "kubernetes":
+            return self
+        problems = []
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace):
+            problems.append(
+                f"backend.namespace {self.namespace!r} is not a namespace name: use a-z, 0-9 "
+                "and '-', at most 63 characters"
+            )
+        if not self.image.strip():
+            problems.append("backend.image is empty: give the image that holds dlrover-rm")
+        if self.state_url and "://" not in self.state_url:
+            problems.append(
+                f"backend.state_url {self.state_url!r} has no scheme: write e.g. "
+                "s3://bucket/prefix or file:///mnt/shared"
+            )
+        if not self.state_mount_path.startswith("/"):
+            problems.append(
+                f"backend.state_mount_path {self.state_mount_path!r}: use an absolute path"
+            )
+        if self.api_retry_max_s < self.api_retry_initial_s:
+            problems.append(
+                "backend.api_retry_max_s must be >= backend.api_retry_initial_s "
+                f"({self.api_retry_max_s} < {self.api_retry_initial_s})"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class HistorySpec(_Strict):

@@ -48,6 +48,27 @@ class ExitClass(StrEnum):
 OOM_REASON = "OOMKilled"
 """The reason every backend reports for a node killed for exceeding its memory."""
 
+DELETED_REASON = "Deleted"
+"""A node's pod vanished without a final status and nobody asked for it (KILLED)."""
+
+DISRUPTED_REASON = "DisruptionTarget"
+"""Kubernetes' condition for a pod it is about to disrupt (preemption, eviction; KILLED)."""
+
+FATAL_WAITING_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+"""Kubernetes waiting reasons that no relaunch of the same pod can fix (FATAL)."""
+
+PENDING_REASONS = frozenset({"Unschedulable"})
+"""Reasons a node is *pending*, not ended: the pending rule (``faults.pending``) decides, not
+``classify_exit``. A backend never reports them as an exit."""
+
 DLROVER_OOM_EXIT_CODE = 247
 """Exit code DLRover's agent uses for an out-of-memory exit."""
 
@@ -60,6 +81,18 @@ STRONG_REASONS: Mapping[str, ExitClass] = MappingProxyType(
         "killed": ExitClass.KILLED,
         "deadlineexceeded": ExitClass.FATAL,
         "containercannotrun": ExitClass.FATAL,
+        # Kubernetes (added with the Kubernetes backend): the pod ended for a reason outside
+        # the job (relaunch), or could never start (no relaunch can fix it)
+        "deleted": ExitClass.KILLED,
+        "disruptiontarget": ExitClass.KILLED,
+        "shutdown": ExitClass.KILLED,
+        "nodeshutdown": ExitClass.KILLED,
+        "terminated": ExitClass.KILLED,
+        "imagepullbackoff": ExitClass.FATAL,
+        "errimagepull": ExitClass.FATAL,
+        "invalidimagename": ExitClass.FATAL,
+        "createcontainerconfigerror": ExitClass.FATAL,
+        "createcontainererror": ExitClass.FATAL,
         "nodelost": ExitClass.HARDWARE,
         "hardwareerror": ExitClass.HARDWARE,
         "gpuerror": ExitClass.HARDWARE,

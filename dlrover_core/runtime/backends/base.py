@@ -16,6 +16,16 @@ Reasons a backend may report (``NodeExit.reason``):
   ``classify_exit`` reads it as UNKNOWN, so the relaunch policy retries within its small budget.
   The master should trust what the node itself reported (e.g. "all my shards are done") over
   this reason.
+- ``"Deleted"`` (``DELETED_REASON``): the node's pod vanished without a final status and
+  the master had not asked for it (someone deleted it, or the cluster garbage-collected it);
+  ``classify_exit`` reads it as KILLED (relaunch).
+- ``"DisruptionTarget"`` (``DISRUPTED_REASON``): Kubernetes marked the pod for disruption
+  (preemption, eviction, a node drain) before it ended; KILLED (relaunch).
+- Kubernetes pod reasons as the API spells them: ``"Evicted"``, ``"Shutdown"``,
+  ``"NodeShutdown"``, ``"Terminated"`` (KILLED), ``"NodeLost"`` (HARDWARE, relaunch
+  elsewhere), and the waiting reasons in ``FATAL_WAITING_REASONS`` (``"ImagePullBackOff"``,
+  ``"ErrImagePull"``, ``"InvalidImageName"``, ``"CreateContainerConfigError"``,
+  ``"CreateContainerError"``): FATAL, a relaunch of the same pod cannot fix them.
 - ``None``: the exit code / signal say everything.
 """
 
@@ -24,10 +34,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from dlrover_core.faults.classify import OOM_REASON, ExitClass, classify_exit, explain_exit
+from dlrover_core.faults.classify import (
+    DELETED_REASON,
+    DISRUPTED_REASON,
+    FATAL_WAITING_REASONS,
+    OOM_REASON,
+    ExitClass,
+    classify_exit,
+    explain_exit,
+)
 from dlrover_core.types import NodeResources, Role
 
 __all__ = [
+    "DELETED_REASON",
+    "DISRUPTED_REASON",
     "ENV_ADVERTISE_HOST",
     "ENV_BIND_HOST",
     "ENV_CPU_MILLICORES",
@@ -35,6 +55,7 @@ __all__ = [
     "ENV_MEMORY_MIB",
     "ENV_NODE_ID",
     "ENV_ROLE",
+    "FATAL_WAITING_REASONS",
     "LOST_REASON",
     "OOM_REASON",
     "Backend",

@@ -1,0 +1,145 @@
+"""Talking to the Kubernetes API: retries with backoff and jitter, the outage bound, the
+client from in-cluster config or kubeconfig."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import tenacity
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from dlrover_core.errors import DLRoverError, ErrorKind, InputError
+
+log = logging.getLogger(__name__)
+_RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+_T = TypeVar("_T")
+
+
+class KubernetesUnavailableError(DLRoverError):
+    """The Kubernetes API server stayed unreachable (or overloaded) past the outage bound."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+# --------------------------------------------------------------------------- retries
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for API calls: exponential from ``initial_s`` up to ``max_s`` with full jitter;
+    a call gives up (``KubernetesUnavailableError``) once the server has failed for
+    ``outage_s`` in a row."""
+
+    initial_s: float = 0.2
+    max_s: float = 10.0
+    outage_s: float = 300.0
+    request_timeout_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.initial_s <= 0 or self.max_s < self.initial_s or self.outage_s <= 0:
+            raise InputError(f"retry policy {self}: need 0 < initial_s <= max_s and outage_s > 0")
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):
+        return exc.status in _RETRY_STATUSES or exc.status == 0
+    return isinstance(
+        exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError | socket.error
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Caller:
+    """Runs API calls with the retry policy; ``no_retry`` statuses are returned to the caller
+    as the ``ApiException`` (e.g. 409 on create means 'already there')."""
+
+    def __init__(self, host: str, policy: RetryPolicy, stop: threading.Event | None = None) -> None:
+        self.host = host
+        self.policy = policy
+        self.stop = stop  # set: give up retrying at once (the backend is shutting down)
+
+    def __call__(self, what: str, fn: Callable[[], _T], *, no_retry: Sequence[int] = ()) -> _T:
+        p = self.policy
+
+        def retryable(exc: BaseException) -> bool:
+            if isinstance(exc, ApiException) and exc.status in no_retry:
+                return False
+            return _transient(exc)
+
+        def before_sleep(rs: tenacity.RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            log.warning(
+                "kubernetes API %s: %s; retry %d in %.1f s",
+                what,
+                _describe(exc) if exc else "?",
+                rs.attempt_number,
+                rs.next_action.sleep if rs.next_action else 0.0,
+            )
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(retryable),
+            wait=tenacity.wait_random_exponential(multiplier=p.initial_s, max=p.max_s),
+            stop=tenacity.stop_after_delay(p.outage_s)
+            | tenacity.stop_when_event_set(self.stop or threading.Event()),
+            before_sleep=before_sleep,
+            reraise=False,
+        )
+        try:
+            return retrying(fn)
+        except tenacity.RetryError as err:
+            last = err.last_attempt.exception()
+            raise KubernetesUnavailableError(
+                f"the Kubernetes API at {self.host} failed for {p.outage_s:.0f} s while "
+                f"trying to {what} (last: {_describe(last) if last else 'unknown'}); check "
+                "the API server and this pod's network, or raise backend.api_outage_s"
+            ) from last
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """The JSON form of an API answer: a raw response (``_preload_content=False``), a model
+    object, or a dict already."""
+    if isinstance(obj, dict):
+        return obj
+    if isinstance(obj, urllib3.response.BaseHTTPResponse):
+        out = json.loads(obj.data or b"{}")
+    else:
+        out = k8s.ApiClient().sanitize_for_serialization(obj)
+    return out if isinstance(out, dict) else {}
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return str(exc.body or "")[:200]
+    return str(body.get("message", ""))[:300]
+
+
+def _default_client() -> k8s.ApiClient:
+    """In-cluster config when running in a pod, else the local kubeconfig."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError) as exc:
+            raise InputError(
+                "no Kubernetes API to talk to: not running in a pod and no kubeconfig "
+                f"({exc}); run inside the cluster or set KUBECONFIG"
+            ) from exc
+    return k8s.ApiClient()

@@ -1,0 +1,511 @@
+"""``dlrover-rm submit / status / cancel`` on Kubernetes: the master as a Kubernetes Job.
+
+The pure half builds the objects one job needs (plain JSON-able dicts, validated against the
+official schemas in the tests), in the order they are created:
+
+1. the state ``PersistentVolumeClaim`` (``<job>-state``, ReadWriteMany: a new PS pod on another
+   machine reads the checkpoints the old one wrote) — unless the spec names an existing claim
+   or an fsspec URL;
+2. the token ``Secret`` (``<job>-token``, key ``token``): every node's and the master's gRPC
+   endpoint checks it;
+3. the spec ``ConfigMap`` (``<job>-spec``, key ``spec.yaml``) the master reads;
+4. the master ``Service`` (``<job>-master``): a DNS name the nodes keep reaching when the Job
+   replaces the master pod;
+5. a ``NetworkPolicy`` (``<job>-isolation``): the job's pods admit traffic only from the job's
+   own pods;
+6. the master ``Job`` (``<job>-master``): ``restartPolicy: Never`` with a ``backoffLimit``, so
+   the control plane starts a new master pod (on any machine) when one dies; it resumes from
+   its durable state on the volume and adopts the node pods, which the Job owns.
+
+The IO half (``submit``, ``status``, ``cancel``) talks to the API server with the official
+client; the CLI calls them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from dlrover_core.errors import InputError
+from dlrover_core.runtime.backends.base import NodeExit
+from dlrover_core.runtime.backends.kubernetes_pods import (
+    APP,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_STATE_DIR,
+    ENV_STATE_URL,
+    ENV_TOKEN,
+    ENV_TOKEN_FILE,
+    LABEL_APP,
+    LABEL_INCARNATION,
+    LABEL_JOB,
+    LABEL_NODE_ID,
+    LABEL_ROLE,
+    TOKEN_MOUNT_PATH,
+    job_selector,
+    pod_exit,
+)
+from dlrover_core.units import format_cpu
+
+__all__ = [
+    "ENV_LEASE",
+    "ENV_MASTER_SERVICE",
+    "ENV_POD_IP",
+    "ENV_POD_UID",
+    "ENV_TOKEN_SECRET",
+    "MasterConfig",
+    "cancel",
+    "job_network_policy",
+    "master_job",
+    "master_service",
+    "spec_configmap",
+    "state_pvc",
+    "status",
+    "submit",
+    "submit_objects",
+    "token_secret",
+]
+
+MASTER_ROLE = "master"
+SPEC_MOUNT_PATH = "/etc/dlrover-rm"
+ENV_POD_UID = "POD_UID"
+ENV_POD_IP = "POD_IP"
+ENV_MASTER_SERVICE = "DLROVER_RM_MASTER_SERVICE"
+ENV_TOKEN_SECRET = "DLROVER_RM_TOKEN_SECRET"
+ENV_LEASE = "DLROVER_RM_LEASE"
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    """What ``submit`` needs besides the spec itself: ``job_name`` and the backend fields come
+    from the validated spec (``MasterConfig.from_spec``); the master's own size from the
+    plan's master share."""
+
+    job_name: str
+    namespace: str
+    image: str
+    spec_yaml: str
+    state_pvc: str | None = None  # None: create <job>-state (unless state_url is given)
+    state_url: str | None = None
+    state_mount_path: str = "/var/lib/dlrover-rm"
+    cpu_millicores: int = 1000
+    memory_mib: int = 2048
+    service_account: str = "dlrover-rm-master"
+    image_pull_policy: str = "IfNotPresent"
+    port: int = 50051
+    backoff_limit: int = 6
+    ttl_after_finished_s: int = 7 * 86400
+    pvc_size: str = "20Gi"
+    storage_class: str | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Any, spec_yaml: str, **overrides: Any) -> MasterConfig:
+        b = spec.backend
+        if b.kind != "kubernetes":
+            raise InputError(
+                f"backend.kind is {b.kind!r}: submit runs the master on Kubernetes; set "
+                "backend.kind: kubernetes (with namespace, image and state_pvc or state_url)"
+            )
+        kw: dict[str, Any] = {
+            "job_name": spec.name,
+            "namespace": b.namespace,
+            "image": b.image,
+            "spec_yaml": spec_yaml,
+            "state_pvc": b.state_pvc,
+            "state_url": b.state_url,
+            "state_mount_path": b.state_mount_path,
+            "image_pull_policy": b.image_pull_policy,
+        }
+        kw.update(overrides)
+        return cls(**kw)
+
+    @property
+    def master_name(self) -> str:
+        return f"{self.job_name}-master"
+
+    @property
+    def token_name(self) -> str:
+        return f"{self.job_name}-token"
+
+    @property
+    def spec_name(self) -> str:
+        return f"{self.job_name}-spec"
+
+    @property
+    def pvc_name(self) -> str | None:
+        if self.state_pvc:
+            return self.state_pvc
+        return None if self.state_url else f"{self.job_name}-state"
+
+    @property
+    def lease_name(self) -> str:
+        return f"{self.job_name}-master"
+
+    def labels(self, role: str = MASTER_ROLE) -> dict[str, str]:
+        return {LABEL_APP: APP, LABEL_JOB: self.job_name, LABEL_ROLE: role}
+
+
+def _meta(cfg: MasterConfig, name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": cfg.namespace, "labels": cfg.labels(), **extra}
+
+
+def state_pvc(cfg: MasterConfig) -> dict[str, Any] | None:
+    """The job's state claim (``None`` when the spec names its own or uses a URL)."""
+    if cfg.state_pvc or cfg.state_url:
+        return None
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": cfg.pvc_size}},
+    }
+    if cfg.storage_class:
+        spec["storageClassName"] = cfg.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(cfg, f"{cfg.job_name}-state"),
+        "spec": spec,
+    }
+
+
+def token_secret(cfg: MasterConfig, token: str) -> dict[str, Any]:
+    """The per-job token (``token`` is made by the caller: this function stays pure)."""
+    if len(token) < 16:
+        raise InputError("the job token must be at least 16 characters; use secrets.token_hex")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(cfg, cfg.token_name),
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }
+
+
+def spec_configmap(cfg: MasterConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cfg, cfg.spec_name),
+        "data": {"spec.yaml": cfg.spec_yaml},
+    }
+
+
+def master_service(cfg: MasterConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(cfg, cfg.master_name),
+        "spec": {
+            "selector": cfg.labels(),
+            "ports": [{"name": "grpc", "port": cfg.port, "targetPort": cfg.port}],
+            "publishNotReadyAddresses": True,  # nodes may register before readiness
+        },
+    }
+
+
+def job_network_policy(cfg: MasterConfig) -> dict[str, Any]:
+    """Only the job's own pods (master and nodes) may connect to the job's pods."""
+    job_pods = {"matchLabels": {LABEL_APP: APP, LABEL_JOB: cfg.job_name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(cfg, f"{cfg.job_name}-isolation"),
+        "spec": {
+            "podSelector": job_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": job_pods}]}],
+        },
+    }
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def master_job(cfg: MasterConfig) -> dict[str, Any]:
+    """The master as a Job: one pod at a time, replaced up to ``backoff_limit`` times."""
+    run_dir = f"{cfg.state_mount_path}/runs/{cfg.job_name}"
+    quantities = {"cpu": format_cpu(cfg.cpu_millicores), "memory": f"{cfg.memory_mib}Mi"}
+    env: list[dict[str, Any]] = [
+        _field_env(ENV_POD_NAME, "metadata.name"),
+        _field_env(ENV_POD_UID, "metadata.uid"),
+        _field_env(ENV_POD_IP, "status.podIP"),
+        _field_env(ENV_NAMESPACE, "metadata.namespace"),
+        {"name": ENV_MASTER_SERVICE, "value": cfg.master_name},
+        {"name": ENV_TOKEN_SECRET, "value": cfg.token_name},
+        {"name": ENV_LEASE, "value": cfg.lease_name},
+        {"name": ENV_TOKEN_FILE, "value": f"{TOKEN_MOUNT_PATH}/token"},
+        {
+            "name": ENV_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": cfg.token_name, "key": "token"}},
+        },
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "spec", "mountPath": SPEC_MOUNT_PATH, "readOnly": True},
+        {"name": "token", "mountPath": TOKEN_MOUNT_PATH, "readOnly": True},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "spec", "configMap": {"name": cfg.spec_name}},
+        {"name": "token", "secret": {"secretName": cfg.token_name, "defaultMode": 0o400}},
+    ]
+    if cfg.pvc_name:
+        env.append({"name": ENV_STATE_DIR, "value": cfg.state_mount_path})
+        mounts.append({"name": "state", "mountPath": cfg.state_mount_path})
+        volumes.append({"name": "state", "persistentVolumeClaim": {"claimName": cfg.pvc_name}})
+    else:  # a URL holds the state; the run directory is scratch
+        mounts.append({"name": "state", "mountPath": cfg.state_mount_path})
+        volumes.append({"name": "state", "emptyDir": {}})
+    if cfg.state_url:
+        env.append({"name": ENV_STATE_URL, "value": cfg.state_url})
+    container = {
+        "name": "master",
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": [
+            "dlrover-rm",
+            "train",
+            "--spec",
+            f"{SPEC_MOUNT_PATH}/spec.yaml",
+            "--run-dir",
+            run_dir,
+        ],
+        "env": env,
+        "ports": [{"name": "grpc", "containerPort": cfg.port}],
+        "resources": {"requests": quantities, "limits": dict(quantities)},
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(cfg, cfg.master_name),
+        "spec": {
+            "backoffLimit": cfg.backoff_limit,
+            "ttlSecondsAfterFinished": cfg.ttl_after_finished_s,
+            "template": {
+                "metadata": {"labels": cfg.labels()},
+                "spec": {
+                    "serviceAccountName": cfg.service_account,
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 60,  # stop nodes, write the report
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def submit_objects(cfg: MasterConfig, token: str) -> list[dict[str, Any]]:
+    """Every object of one job, in creation order (the Job last: it needs the others)."""
+    pvc = state_pvc(cfg)
+    return [
+        *([pvc] if pvc else []),
+        token_secret(cfg, token),
+        spec_configmap(cfg),
+        master_service(cfg),
+        job_network_policy(cfg),
+        master_job(cfg),
+    ]
+
+
+# --------------------------------------------------------------------------- IO
+
+
+def _create(api_client: k8s.ApiClient, obj: Mapping[str, Any]) -> None:
+    ns = obj["metadata"]["namespace"]
+    kind = obj["kind"]
+    core = k8s.CoreV1Api(api_client)
+    create = {
+        "PersistentVolumeClaim": core.create_namespaced_persistent_volume_claim,
+        "Secret": core.create_namespaced_secret,
+        "ConfigMap": core.create_namespaced_config_map,
+        "Service": core.create_namespaced_service,
+        "NetworkPolicy": k8s.NetworkingV1Api(api_client).create_namespaced_network_policy,
+        "Job": k8s.BatchV1Api(api_client).create_namespaced_job,
+    }[kind]
+    create(ns, obj, _preload_content=False)
+
+
+def _delete(api_client: k8s.ApiClient, kind: str, ns: str, name: str) -> bool:
+    core = k8s.CoreV1Api(api_client)
+    delete = {
+        "Secret": core.delete_namespaced_secret,
+        "ConfigMap": core.delete_namespaced_config_map,
+        "Service": core.delete_namespaced_service,
+        "NetworkPolicy": k8s.NetworkingV1Api(api_client).delete_namespaced_network_policy,
+        "Job": k8s.BatchV1Api(api_client).delete_namespaced_job,
+        "Pod": core.delete_namespaced_pod,
+    }[kind]
+    try:
+        if kind == "Job":  # the master pod goes too, and with it (owner references) the nodes
+            delete(name, ns, propagation_policy="Foreground", _preload_content=False)
+        else:
+            delete(name, ns, _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def submit(api_client: k8s.ApiClient, cfg: MasterConfig, token: str) -> list[str]:
+    """Create the job's objects; returns ``Kind/name`` of each created. A job of that name
+    still present is refused (status or cancel it first); leftovers of a cancelled one (its
+    Secret, ConfigMap, ...) are replaced; an existing state claim is kept (the job resumes
+    from it)."""
+    batch = k8s.BatchV1Api(api_client)
+    try:
+        batch.read_namespaced_job(cfg.master_name, cfg.namespace, _preload_content=False)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise _api_error("read the master Job", exc) from exc
+    else:
+        raise InputError(
+            f"job {cfg.job_name} is already submitted in namespace {cfg.namespace}; see "
+            f"`dlrover-rm status --job {cfg.job_name}` or run `dlrover-rm cancel --job "
+            f"{cfg.job_name}` first"
+        )
+    done: list[str] = []
+    for obj in submit_objects(cfg, token):
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            _create(api_client, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise _api_error(f"create {kind} {name}", exc) from exc
+            if kind == "PersistentVolumeClaim":
+                continue  # the state of an earlier run: resume from it
+            _delete(api_client, kind, cfg.namespace, name)
+            _create(api_client, obj)
+        done.append(f"{kind}/{name}")
+    return done
+
+
+def cancel(api_client: k8s.ApiClient, namespace: str, job_name: str) -> list[str]:
+    """Delete the master Job (its pod and, through owner references, its nodes), the node
+    pods directly as well (a master not started by submit owns them through its own pod), and
+    the job's Service, Secret, ConfigMap and NetworkPolicy. The state claim is kept (it holds
+    the checkpoints and the report). Idempotent; returns what it deleted."""
+    deleted: list[str] = []
+    objs = [
+        ("Job", f"{job_name}-master"),
+        ("Service", f"{job_name}-master"),
+        ("NetworkPolicy", f"{job_name}-isolation"),
+        ("ConfigMap", f"{job_name}-spec"),
+        ("Secret", f"{job_name}-token"),
+    ]
+    try:
+        for kind, name in objs:
+            if _delete(api_client, kind, namespace, name):
+                deleted.append(f"{kind}/{name}")
+        for pod in _job_pods(api_client, namespace, job_name):
+            name = pod["metadata"]["name"]
+            if _delete(api_client, "Pod", namespace, name):
+                deleted.append(f"Pod/{name}")
+    except ApiException as exc:
+        raise _api_error(f"cancel job {job_name}", exc) from exc
+    return deleted
+
+
+def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str, Any]:
+    """JSON-able state of a submitted job: the master Job, the lease holder, every node pod
+    (role, id, incarnation, phase, and how it ended)."""
+    batch = k8s.BatchV1Api(api_client)
+    try:
+        job = json.loads(
+            batch.read_namespaced_job(f"{job_name}-master", namespace, _preload_content=False).data
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            raise InputError(
+                f"no job {job_name} in namespace {namespace}; check the name (`kubectl get "
+                f"jobs -n {namespace} -l {LABEL_APP}={APP}`)"
+            ) from exc
+        raise _api_error("read the master Job", exc) from exc
+    js = job.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in js.get("conditions") or []}
+    state = (
+        "succeeded"
+        if conditions.get("Complete") == "True"
+        else "failed"
+        if conditions.get("Failed") == "True"
+        else "running"
+        if js.get("active")
+        else "pending"
+    )
+    holder = None
+    try:
+        lease = json.loads(
+            k8s.CoordinationV1Api(api_client)
+            .read_namespaced_lease(f"{job_name}-master", namespace, _preload_content=False)
+            .data
+        )
+        holder = (lease.get("spec") or {}).get("holderIdentity")
+    except ApiException as exc:
+        if exc.status not in (403, 404):
+            raise _api_error("read the run lease", exc) from exc
+    nodes = []
+    for pod in _job_pods(api_client, namespace, job_name):
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(LABEL_ROLE) == MASTER_ROLE or LABEL_NODE_ID not in labels:
+            continue
+        out = pod_exit(pod)
+        node: dict[str, Any] = {
+            "role": labels.get(LABEL_ROLE),
+            "id": int(labels[LABEL_NODE_ID]),
+            "incarnation": int(labels.get(LABEL_INCARNATION, 0)),
+            "ref": pod["metadata"]["name"],
+            "phase": (pod.get("status") or {}).get("phase"),
+            "state": "pending" if out == "pending" else "ended" if out else "running",
+        }
+        if isinstance(out, NodeExit):
+            node["exit"] = {
+                "code": out.exit_code,
+                "reason": out.reason,
+                "class": out.exit_class.value,
+                "explain": out.explain(),
+            }
+        nodes.append(node)
+    nodes.sort(key=lambda n: (n["role"], n["id"], n["incarnation"]))
+    return {
+        "job": job_name,
+        "namespace": namespace,
+        "state": state,
+        "master": {
+            "active": js.get("active", 0),
+            "failed_pods": js.get("failed", 0),
+            "succeeded": js.get("succeeded", 0),
+            "lease_holder": holder,
+        },
+        "nodes": nodes,
+    }
+
+
+def _job_pods(api_client: k8s.ApiClient, namespace: str, job_name: str) -> list[dict[str, Any]]:
+    resp = k8s.CoreV1Api(api_client).list_namespaced_pod(
+        namespace, label_selector=job_selector(job_name), _preload_content=False
+    )
+    return list(json.loads(resp.data).get("items") or [])
+
+
+def _api_error(what: str, exc: ApiException) -> InputError:
+    try:
+        message = json.loads(exc.body or "{}").get("message", "")
+    except (TypeError, ValueError):
+        message = ""
+    hint = (
+        "; check the RBAC in deploy/kubernetes/rbac.yaml is applied in this namespace"
+        if exc.status == 403
+        else ""
+    )
+    return InputError(f"cannot {what}: HTTP {exc.status} {exc.reason} {message}".strip() + hint)
