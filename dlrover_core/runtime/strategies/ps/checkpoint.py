@@ -189,13 +189,17 @@ def save(
 
     final = d / f"ckpt-{seq:08d}.npz"
     tmp = d / f".ckpt-{seq:08d}.npz.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)  # type: ignore[arg-type]
-        f.flush()
-        os.fsync(f.fileno())
-    digest = _sha256(tmp)
-    nbytes = tmp.stat().st_size
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+            f.flush()
+            os.fsync(f.fileno())
+        digest = _sha256(tmp)
+        nbytes = tmp.stat().st_size
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
 
     created = time.time()
     manifest = {
@@ -214,11 +218,16 @@ def save(
         "tag": int(tag),
     }
     mtmp = d / f".ckpt-{seq:08d}.json.{os.getpid()}.tmp"
-    with open(mtmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(mtmp, d / f"ckpt-{seq:08d}.json")
+    try:
+        with open(mtmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(mtmp, d / f"ckpt-{seq:08d}.json")
+    except BaseException:
+        mtmp.unlink(missing_ok=True)
+        final.unlink(missing_ok=True)  # no manifest: the npz is not a checkpoint
+        raise
     fsync_dir(d)
     _prune(d, keep)
     return CheckpointInfo(
