@@ -67,21 +67,19 @@ def train(
     model_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     from dlrover_core.logs import quiet_third_party
-    from dlrover_core.runtime.backends.local import LocalBackend
     from dlrover_core.runtime.controller import JobMaster
 
     quiet_third_party()  # node processes inherit the filters: no pynvml warning in their logs
-    if spec.backend.kind != "local":
-        raise InputError(
-            f"backend.kind {spec.backend.kind!r} is not available in this version; "
-            "use backend.kind=local"
-        )
     if spec.strategy != "ps":
         raise InputError(
             f"strategy {spec.strategy!r} can be planned but not trained by this runtime yet; "
             "use strategy: ps"
         )
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
+    backend, extra = _backend(spec)
+    if spec.backend.kind == "kubernetes" and run_dir is None:
+        # the run directory lives on the state volume, at one path for master and nodes
+        rd = Path(spec.backend.state_mount_path) / "runs" / spec.name
     data, problem = check_data(spec)
     if problem is not None:
         from dlrover_core.runtime.report import failed_report
@@ -95,7 +93,8 @@ def train(
     master = JobMaster(
         spec,
         rd,
-        LocalBackend(),
+        backend,
+        **extra,
         plan=plan,
         history=history or [],
         on_tick=ProgressPrinter() if progress else None,
@@ -161,6 +160,45 @@ def export_after_train(report: dict[str, Any], run_dir: Path, out: Path) -> None
         return
     report["model_dir"] = str(out)
     report["model_held_out"] = card["held_out"]
+
+
+def _backend(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
+    """The backend for ``spec.backend`` and the controller arguments that go with it: local
+    processes; or, with ``kind: kubernetes`` (the master in a pod: a KFP task, an Airflow pod,
+    `dlrover-rm submit`'s Job), pods owned by the master's Job or pod, a Kubernetes Lease as
+    the run lease, and ``dlrover-rm node`` as every node's command."""
+    if spec.backend.kind == "local":
+        from dlrover_core.runtime.backends.local import LocalBackend
+
+        return LocalBackend(), {}
+    import os
+    import socket
+
+    from dlrover_core.runtime.backends import submit as k8s_submit
+    from dlrover_core.runtime.backends.kubernetes import (
+        KubernetesLease,
+        backend_from_spec,
+        owner_for_master,
+    )
+    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+
+    ns = spec.backend.namespace
+    pod = os.environ.get(k8s_submit.ENV_POD_NAME)
+    owner = owner_for_master(_default_client(), ns, pod) if pod else None
+    backend = backend_from_spec(
+        spec.backend,
+        spec.name,
+        owner=owner,
+        token_secret=os.environ.get(k8s_submit.ENV_TOKEN_SECRET),
+        master_service=os.environ.get(k8s_submit.ENV_MASTER_SERVICE),
+    )
+    lease = KubernetesLease(
+        ns,
+        os.environ.get(k8s_submit.ENV_LEASE, f"{spec.name}-master"),
+        identity=pod or socket.gethostname(),
+        duration_s=max(15.0, 3 * spec.pacing.heartbeat_interval_s),
+    )
+    return backend, {"lease": lease, "node_command": lambda: ["dlrover-rm", "node"]}
 
 
 def run_peaks(observations: Any) -> dict[str, int | None]:
