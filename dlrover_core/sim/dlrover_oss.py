@@ -29,7 +29,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from dlrover_core.sim.policies import ExitClass, JobView, RelaunchDecision, register_policy
+from dlrover_core.sim.policies import (
+    ExitClass,
+    FixedInterval,
+    JobView,
+    RelaunchDecision,
+    register_policy,
+)
 from dlrover_core.types import (
     HistoryRecord,
     NodeOverride,
@@ -99,7 +105,7 @@ def _safe_plan(st: _JobState, stage: str) -> Any:
         return None
 
 
-class DlroverOssPolicy:
+class DlroverOssPolicy(FixedInterval):
     name = "dlrover-oss"
     interval_s: float | None = 300.0
     min_stats = 3  # runtime metrics of the current node set before a plan is asked for

@@ -73,10 +73,13 @@ class JobView:
 
 
 class Policy(Protocol):
-    """A resource policy. ``interval_s`` paces ``replan`` (None: never called)."""
+    """A resource policy. ``next_call_s`` paces ``replan`` (None: not called again); the
+    built-in ones call it every ``interval_s`` (see :class:`FixedInterval`)."""
 
     name: str
     interval_s: float | None
+
+    def next_call_s(self, job: JobView, now_s: float) -> float | None: ...
 
     def initial_plan(
         self, job: JobView, history: Sequence[HistoryRecord], now_s: float
@@ -107,6 +110,15 @@ class TruthAware(Protocol):
     """A policy that may see the truth (only the oracle)."""
 
     def bind_truths(self, truths: dict[str, JobTruth]) -> None: ...
+
+
+class FixedInterval:
+    """``replan`` every ``interval_s`` seconds of simulated time (None: never)."""
+
+    interval_s: float | None = None
+
+    def next_call_s(self, job: JobView, now_s: float) -> float | None:
+        return None if self.interval_s is None else now_s + self.interval_s
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {}
@@ -168,7 +180,7 @@ def _relaunch_same(*_: Any) -> RelaunchDecision:
 
 
 # ---- manual -------------------------------------------------------------------------------
-class ManualPolicy:
+class ManualPolicy(FixedInterval):
     """The user's request, unchanged; failed nodes relaunch at the same size."""
 
     name = "manual"
@@ -233,7 +245,7 @@ class _DecayingHistogram:
         return float(self.first * self.ratio ** (min(i, self.n_buckets - 1) + 1))
 
 
-class VpaPolicy:
+class VpaPolicy(FixedInterval):
     """Kubernetes VPA recommender: per-container requests from decaying usage histograms.
 
     Target = p90 x 1.15, lower bound p50 x 1.15, upper bound p95 x 1.15 x 2 (VPA's confidence
@@ -345,7 +357,7 @@ class VpaPolicy:
 
 
 # ---- Autopilot ----------------------------------------------------------------------------
-class AutopilotPolicy:
+class AutopilotPolicy(FixedInterval):
     """Google Autopilot-style moving-window recommender per recurring job.
 
     CPU request = p95 of per-node usage over the window x 1.1; memory = max over the window
@@ -464,7 +476,7 @@ class AutopilotPolicy:
 
 
 # ---- Optimus ------------------------------------------------------------------------------
-class OptimusPolicy:
+class OptimusPolicy(FixedInterval):
     """Optimus (EuroSys'18): fit f(p, w) = w / (θ0 + θ1·w/p + θ2·w + θ3·p) from the job's own
     samples (NNLS on w/X), then greedily add the worker or PS with the larger marginal gain per
     core while the gain stays positive and the quota allows. Per-node CPU/memory stay the
@@ -574,7 +586,7 @@ class OptimusPolicy:
 
 
 # ---- oracle -------------------------------------------------------------------------------
-class OraclePolicy:
+class OraclePolicy(FixedInterval):
     """Knows each job's truth: starts at ``JobTruth.oracle_config`` and never changes."""
 
     name = "oracle"

@@ -110,6 +110,9 @@ class DLRoverRMPolicy:
             st.plans.append(d.plan)
         return d.plan
 
+    def next_call_s(self, job: JobView, now_s: float) -> float | None:
+        return now_s + (self.interval_s or 60.0)
+
     def on_node_exit(
         self,
         job: JobView,
