@@ -285,7 +285,9 @@ class _LinearThroughputModel:
         if n_active:
             a_act = a[:, active]
             cov[np.ix_(active, active)] = np.linalg.pinv(a_act.T @ a_act)
-        self.identified_ = tuple(n for n, keep in zip(self.feature_names, ident, strict=True) if keep)
+        self.identified_ = tuple(
+            n for n, keep in zip(self.feature_names, ident, strict=True) if keep
+        )
         self.fixed_inputs_ = self._fixed_values(samples)
         self.full_rank_ = bool(ident.all())
         x_hat = 1.0 / np.maximum(a @ coef, _T_FLOOR)  # X̂/X = T/T̂

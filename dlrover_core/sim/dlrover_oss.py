@@ -34,7 +34,6 @@ from dlrover_core.sim.policies import (
     FixedInterval,
     JobView,
     RelaunchDecision,
-    register_policy,
 )
 from dlrover_core.types import (
     HistoryRecord,
@@ -277,7 +276,3 @@ class DlroverOssPolicy(FixedInterval):
         return RelaunchDecision(
             True, NodeResources(current.cpu_millicores, mem), None, "dlrover-oss oom x2 (<= +8Gi)"
         )
-
-
-if DLROVER_OSS_UNAVAILABLE is None:
-    register_policy("dlrover-oss", DlroverOssPolicy)

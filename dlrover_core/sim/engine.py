@@ -265,48 +265,59 @@ class Engine:
 
     def _emit_samples(self, run: _Run, t: float) -> None:
         """One ``Sample`` per steady window ending in (t_last, t] (the state is constant
-        there): what a master's metrics loop records whether or not the policy is called."""
+        there): what a master's metrics loop records whether or not the policy is called.
+        Only the last ``keep_samples`` windows are built (the rest would be dropped)."""
         window = self.cfg.sample_window_s
-        steady = run.x > 0 and len(run.up_workers) == len(run.workers) and run.plan is not None
-        while run.next_sample_s <= t:
-            g = run.next_sample_s
-            run.next_sample_s = g + window
-            if not steady or run.plan is None:
-                continue
-            truth = run.job.truth
-            noise = float(np.exp(run.rng_noise.normal(0.0, truth.noise_sigma)))
-            done_g = min(float(run.job.samples_total), run.done + run.x * (g - run.t_last))
-            pm = self._ps_mem(run, done_g)
-            ps_util = None
-            if run.p_used.size:
-                ps_util = max(
-                    int(float(u) * 1000) / n.res.cpu_millicores
-                    for u, n in zip(run.p_used, run.ps, strict=False)
-                )
-            w_util = float(
-                np.mean(
-                    [
-                        int(float(u) * 1000) / n.res.cpu_millicores
-                        for u, n in zip(run.w_used, run.up_workers, strict=False)
-                    ]
-                )
+        g0 = run.next_sample_s
+        n = int((t - g0) // window) + 1
+        run.next_sample_s = g0 + n * window
+        steady = run.x > 0 and len(run.up_workers) == len(run.workers)
+        if not steady or run.plan is None:
+            return
+        skip = max(0, n - self.cfg.keep_samples)
+        truth = run.job.truth
+        ps_util = None
+        if run.p_used.size:
+            ps_util = max(
+                int(float(u) * 1000) / nd.res.cpu_millicores
+                for u, nd in zip(run.p_used, run.ps, strict=False)
             )
+        w_utils = [
+            int(float(u) * 1000) / nd.res.cpu_millicores
+            for u, nd in zip(run.w_used, run.up_workers, strict=False)
+        ]
+        w_util = sum(w_utils) / len(w_utils) if w_utils else 0.0
+        gs = g0 + window * np.arange(skip, n)
+        noise = np.exp(run.rng_noise.normal(0.0, truth.noise_sigma, size=gs.size))
+        done = np.minimum(float(run.job.samples_total), run.done + run.x * (gs - run.t_last))
+        ids = truth.emb_k * np.maximum(done, 0.0) ** truth.emb_beta
+        p = len(run.ps)
+        pmax = (
+            truth.ps_base_memory_mib
+            + float(truth.memory_shares(p).max()) * (truth.dense_memory_mib + ids * truth.row_mib)
+            if p
+            else None
+        )
+        w, wc = len(run.workers), run.plan.workers.resources.cpu_cores
+        pc = run.plan.ps.resources.cpu_cores
+        for i in range(gs.size):
             run.samples.append(
                 Sample(
-                    workers=len(run.workers),
-                    ps=len(run.ps),
-                    worker_cpu_cores=run.plan.workers.resources.cpu_cores,
-                    ps_cpu_cores=run.plan.ps.resources.cpu_cores,
-                    throughput_sps=run.x * noise,
+                    workers=w,
+                    ps=p,
+                    worker_cpu_cores=wc,
+                    ps_cpu_cores=pc,
+                    throughput_sps=run.x * float(noise[i]),
                     batch_size=run.job.batch_size,
-                    worker_memory_mib=run.job.truth.worker_memory_mib,
-                    ps_memory_mib=float(pm.max()) if pm.size else None,
+                    worker_memory_mib=truth.worker_memory_mib,
+                    ps_memory_mib=float(pmax[i]) if pmax is not None else None,
                     ps_cpu_util=ps_util,
                     worker_cpu_util=w_util,
-                    timestamp_s=g,
+                    timestamp_s=float(gs[i]),
                 )
             )
-        del run.samples[: -self.cfg.keep_samples]
+        if len(run.samples) > self.cfg.keep_samples:
+            del run.samples[: -self.cfg.keep_samples]
 
     def _advance(self, run: _Run, t: float) -> None:
         dt = t - run.t_last

@@ -4,7 +4,8 @@ A policy sees only what a real system sees: the job as submitted (``JobView``), 
 of earlier runs of the same signature, live ``Observation``s and steady-window ``Sample``s, and
 node exits with their class. Only the ``oracle`` is handed the hidden truth.
 
-Register more with ``register_policy(name, factory)`` (the lead registers ``dlrover-rm``).
+The table of runnable policies is built explicitly by ``registry.policy_factories()``;
+``register_policy(name, factory)`` adds a user's own policy to it.
 """
 
 from __future__ import annotations
@@ -65,12 +66,6 @@ class JobView:
     dense_features: int
     submit_s: float
 
-    def to_spec(self) -> Any:
-        """The JobSpec a user would have written for this job."""
-        from dlrover_core.sim.spec_bridge import job_view_to_spec
-
-        return job_view_to_spec(self)
-
 
 class Policy(Protocol):
     """A resource policy. ``next_call_s`` paces ``replan`` (None: not called again); the
@@ -121,11 +116,12 @@ class FixedInterval:
         return None if self.interval_s is None else now_s + self.interval_s
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {}
+POLICIES: dict[str, Callable[[], Policy]] = {}  # a user's own policies (none built in)
 
 
 def register_policy(name: str, factory: Callable[[], Policy]) -> None:
-    """Make ``name`` available to ``simulate``; a later registration replaces an earlier one."""
+    """Make a user's policy ``name`` available to ``simulate`` (a later registration
+    replaces an earlier one or a built-in of the same name)."""
     POLICIES[name] = factory
 
 
@@ -635,10 +631,3 @@ class OraclePolicy(FixedInterval):
         relaunches: int,
     ) -> RelaunchDecision:
         return _relaunch_same()
-
-
-register_policy("manual", ManualPolicy)
-register_policy("vpa", VpaPolicy)
-register_policy("autopilot", AutopilotPolicy)
-register_policy("optimus", OptimusPolicy)
-register_policy("oracle", OraclePolicy)

@@ -12,7 +12,7 @@ from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy, ps
 from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
 from dlrover_core.planner.planner import default_model_factory
-from dlrover_core.sim.policies import JobView, RelaunchDecision, register_policy
+from dlrover_core.sim.policies import JobView, RelaunchDecision
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (
     HistoryRecord,
@@ -33,6 +33,7 @@ class _Job:
     prior: list[Sample] = field(default_factory=list)  # from earlier runs (history)
     samples: list[Sample] = field(default_factory=list)  # this run's, all of them
     last_sample_s: float = float("-inf")
+    next_check_s: float | None = None  # the planner's own pacing hint
 
 
 def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]:
@@ -59,6 +60,7 @@ def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]
 class DLRoverRMPolicy:
     name = "dlrover-rm"
     interval_s: float | None = 60.0
+    monitor_s: float = 300.0
 
     def __init__(
         self, config: PlannerConfig | None = None, faults: FaultPolicy = DEFAULT_FAULT_POLICY
@@ -106,12 +108,21 @@ class DLRoverRMPolicy:
                 st.samples.append(s)
                 st.last_sample_s = ts
         d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
+        st.next_check_s = d.next_check_s
         if d.plan is not None:
             st.plans.append(d.plan)
         return d.plan
 
     def next_call_s(self, job: JobView, now_s: float) -> float | None:
-        return now_s + (self.interval_s or 60.0)
+        """Every sample window while the planner waits for speed samples; when it says
+        nothing can change before a time, then (at most ``monitor_s`` later: stage 3 still
+        watches for hot, pending and memory-bound nodes)."""
+        step = self.interval_s or 60.0
+        st = self._jobs.get(job.name)
+        hint = st.next_check_s if st is not None else None
+        if hint is None:
+            return now_s + step
+        return min(max(hint, now_s + step), now_s + self.monitor_s)
 
     def on_node_exit(
         self,
@@ -146,6 +157,3 @@ class DLRoverRMPolicy:
         if not d.relaunch:
             return RelaunchDecision(False, None, None, d.reason)
         return RelaunchDecision(True, d.resources, None, d.reason)
-
-
-register_policy("dlrover-rm", DLRoverRMPolicy)
