@@ -223,6 +223,17 @@ class _LinearThroughputModel:
             ]
         return {name: next(iter(vals)) for name, vals in cols if len(vals) == 1}
 
+    def _ranges(self, samples: Sequence[Sample]) -> dict[str, tuple[float, float]]:
+        """(min, max) of each input over the fitted samples: the span the data cover."""
+        cols = {
+            "workers": [float(s.workers) for s in samples],
+            "worker_cpu": [float(s.worker_cpu_cores) for s in samples],
+        }
+        if self.uses_ps:
+            cols["ps"] = [float(s.ps) for s in samples]
+            cols["ps_cpu"] = [float(s.ps_cpu_cores) for s in samples]
+        return {k: (min(v), max(v)) for k, v in cols.items()}
+
     @staticmethod
     def _independent_columns(a: FloatArray) -> npt.NDArray[np.bool_]:
         """Greedy, in the features' order: keep a column when it adds rank (the identifiable
@@ -289,6 +300,7 @@ class _LinearThroughputModel:
             n for n, keep in zip(self.feature_names, ident, strict=True) if keep
         )
         self.fixed_inputs_ = self._fixed_values(samples)
+        self.ranges_ = self._ranges(samples)
         self.full_rank_ = bool(ident.all())
         x_hat = 1.0 / np.maximum(a @ coef, _T_FLOOR)  # X̂/X = T/T̂
         self.coef_array_ = coef
@@ -442,6 +454,7 @@ class _LinearThroughputModel:
                 "default_batch_size": self.default_batch_size_,
                 "identified": list(self.identified_),
                 "fixed_inputs": dict(self.fixed_inputs_),
+                "ranges": {k: list(v) for k, v in self.ranges_.items()},
             }
         return d
 
@@ -479,6 +492,10 @@ class _LinearThroughputModel:
                 model.full_rank_ = len(model.identified_) == len(cls.feature_names)
                 model.fixed_inputs_ = {
                     str(k): float(v) for k, v in fitted.get("fixed_inputs", {}).items()
+                }
+                model.ranges_ = {
+                    str(k): (float(v[0]), float(v[1]))
+                    for k, v in fitted.get("ranges", {}).items()
                 }
                 model._cache()
         except (KeyError, TypeError, ValueError) as exc:

@@ -452,7 +452,9 @@ class Planner:
         fixed: dict[str, float] | None = None,
     ) -> ResourcePlan | None:
         seen = {scaling.sample_key(s) for s in samples}
-        if len(seen) >= self.config.max_sampling_configs:
+        # the budget binds only once every input has varied: a model that never saw an input
+        # vary cannot move it, so one sample along it stays worth its pause
+        if len(seen) >= self.config.max_sampling_configs + (2 if fixed else 0):
             return None
         used = {
             pl.action.removeprefix(SAMPLE_ACTION)
@@ -476,6 +478,10 @@ class Planner:
             w2, p2, _ = self.bounds.fit(w, p)
             key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
             if (i < len(cands) and what in used) or key in seen or shrunk:
+                continue
+            if len(seen) >= self.config.max_sampling_configs and not (
+                fixed and _varies(current, w2, p2, fixed)
+            ):
                 continue
             reasons = (
                 f"sampling configuration {len(seen) + 1}: {what} "

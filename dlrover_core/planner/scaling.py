@@ -83,6 +83,18 @@ def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]
     return sorted(vals)
 
 
+SPAN_STRETCH = 2.0
+
+
+def _within(
+    vals: list[int], span: tuple[float, float] | None, unit: float, current: int
+) -> list[int]:
+    if span is None:
+        return vals
+    lo, hi = span[0] * unit / SPAN_STRETCH, span[1] * unit * SPAN_STRETCH
+    return [v for v in vals if lo - 1e-9 <= v <= hi + 1e-9] or [current]
+
+
 @dataclass(frozen=True)
 class SearchResult:
     workers: RolePlan
@@ -148,6 +160,14 @@ def search(
         pv = [int(fixed["ps"])]
     if uses_ps and "ps_cpu" in fixed:
         pcv = [int(round(fixed["ps_cpu"] * 1000))]
+    # and it extrapolates at most a factor ``SPAN_STRETCH`` beyond what it saw (a coefficient
+    # NNLS set to 0 would otherwise make an input look free, e.g. 0.5 CPU per worker)
+    rng = model.ranges_
+    wv = _within(wv, rng.get("workers"), 1.0, cw.count)
+    wcv = _within(wcv, rng.get("worker_cpu"), 1000.0, cw.resources.cpu_millicores)
+    if uses_ps:
+        pv = _within(pv, rng.get("ps"), 1.0, cp.count)
+        pcv = _within(pcv, rng.get("ps_cpu"), 1000.0, cp.resources.cpu_millicores)
     w_mem = (
         bounds.workers.memory(worker_memory_mib)
         if limits.change_workers
@@ -242,6 +262,11 @@ def sampling_candidates(
         return NodeResources(_nearest_level(m, levels), p.resources.memory_mib)
 
     wc, pc = w.resources.cpu_millicores, p.resources.cpu_millicores
+    if uses_ps and pc > 0 and p_used >= cfg.hot_ps_cpu_util * pc:
+        # the PS are the bottleneck: DLRover's PS rule, enough PS for ~70 % busy (≤ ×4)
+        more = min(4 * p.count, math.ceil(p.count * p_used / (cfg.idle_target_util * pc)))
+        if more > p.count:
+            out.append((w, RolePlan(more, p.resources), "PS until they are 70% busy"))
     if uses_ps and pc > 0 and 0 < p_used < cfg.worker_ps_target_util * pc:
         # DLRover's worker rule: grow workers until the busiest PS is ~85 % busy (≤ +8)
         grow = math.ceil(w.count * cfg.worker_ps_target_util * pc / p_used)
