@@ -494,8 +494,7 @@ class _LinearThroughputModel:
                     str(k): float(v) for k, v in fitted.get("fixed_inputs", {}).items()
                 }
                 model.ranges_ = {
-                    str(k): (float(v[0]), float(v[1]))
-                    for k, v in fitted.get("ranges", {}).items()
+                    str(k): (float(v[0]), float(v[1])) for k, v in fitted.get("ranges", {}).items()
                 }
                 model._cache()
         except (KeyError, TypeError, ValueError) as exc:

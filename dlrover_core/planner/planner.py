@@ -25,6 +25,7 @@ from dlrover_core.planner import scaling
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import (
+    PSMemoryFit,
     fit_ps_memory,
     ps_memory_from_fit,
     worker_memory_mib,
@@ -86,6 +87,24 @@ class Planner:
         self.config = config or PlannerConfig.from_spec(spec)
         self.bounds = JobBounds.from_spec(spec)
         self.model_factory = model_factory
+        # memory fits of the latest observations, reused within and across calls until a
+        # new observation arrives (keyed on its time and the window's length)
+        self._memo_key: tuple[int, float, float] | None = None
+        self._memo: tuple[PSMemoryFit, int] | None = None
+
+    def _memory_fits(self, observations: Sequence[Observation]) -> tuple[PSMemoryFit, int]:
+        key = (
+            (len(observations), observations[0].time_s, observations[-1].time_s)
+            if observations
+            else (0, 0.0, 0.0)
+        )
+        if self._memo is None or key != self._memo_key:
+            self._memo = (
+                fit_ps_memory(self.spec, observations),
+                worker_memory_mib(self.spec, observations, self.config.worker_memory_margin),
+            )
+            self._memo_key = key
+        return self._memo
 
     # --- stage 1 ------------------------------------------------------------------------
     def initial_plan(
@@ -147,7 +166,16 @@ class Planner:
         help fit the model. A change is proposed only when the time it is predicted to save
         (on the model's lower band, calibrated to the measured speed) beats its pause."""
         cfg = self.config
-        urgent = post_scale(self.spec, cfg, current, observations, now_s, past_plans=past_plans)
+        urgent = post_scale(
+            self.spec,
+            cfg,
+            current,
+            observations,
+            now_s,
+            past_plans=past_plans,
+            ps_fit=self._memory_fits(observations)[0],
+            bounds=self.bounds,
+        )
         if urgent is not None:
             return PlanDecision(urgent)
         here = scaling.samples_at(samples, scaling.plan_key(current))
@@ -164,7 +192,9 @@ class Planner:
             )
         if len(here) < cfg.min_speed_samples:
             return PlanDecision(
-                None, (f"waiting for speed samples ({len(here)}/{cfg.min_speed_samples})",)
+                None,
+                (f"waiting for speed samples ({len(here)}/{cfg.min_speed_samples})",),
+                next_check_s=_samples_due(samples, here, cfg.min_speed_samples, now_s),
             )
         reverted = self._deceleration_guard(current, samples, past_plans, now_s)
         if reverted is not None:
@@ -280,11 +310,12 @@ class Planner:
                                       res.ps.resources.memory_mib, c))  # fmt: skip
         if (
             cost_new <= (1 - cfg.shrink_min_cost_cut) * cost_cur
-            and x_new >= (1 - cfg.shrink_max_slowdown) * x_meas
+            and x_new_lo >= (1 - cfg.shrink_max_slowdown) * x_meas
             and left_s >= 10 * pause
         ):
             return True, (
-                f"cuts cost {1 - cost_new / cost_cur:.0%} at {x_new / x_meas - 1:+.0%} speed"
+                f"cuts cost {1 - cost_new / cost_cur:.0%} at {x_new / x_meas - 1:+.0%} speed "
+                f"(≥ {x_new_lo / x_meas - 1:+.0%} on the lower band)"
             )
         _ = new
         return False, (
@@ -310,9 +341,8 @@ class Planner:
         memory_from: ResourcePlan | None = None,
     ) -> scaling.SearchResult:
         """``memory_from``: before the job runs, size memory from this (warm/cold) plan."""
-        cfg, spec = self.config, self.spec
-
-        fit = fit_ps_memory(spec, observations)
+        cfg = self.config
+        fit, w_mem = self._memory_fits(observations)
 
         def ps_mem(p: int) -> int:
             need = ps_memory_from_fit(fit, p, observations, cfg.ps_memory_margin)
@@ -323,7 +353,6 @@ class Planner:
                 need = max(need, b.resources.memory_mib * max(b.count / p, 0.75))
             return ceil_mib(need)
 
-        w_mem = worker_memory_mib(spec, observations, cfg.worker_memory_margin)
         if memory_from is not None and not observations:
             w_mem = max(w_mem, memory_from.workers.resources.memory_mib)
         return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
@@ -508,6 +537,19 @@ def _varies(current: ResourcePlan, w: RolePlan, p: RolePlan, fixed: dict[str, fl
         "ps_cpu": (current.ps.resources.cpu_millicores, p.resources.cpu_millicores),
     }
     return any(now[k][0] != now[k][1] for k in fixed if k in now)
+
+
+def _samples_due(
+    samples: Sequence[Sample], here: Sequence[Sample], need: int, now_s: float
+) -> float | None:
+    """When the missing speed samples are due, at the cadence samples have arrived so far
+    (None: unknown yet)."""
+    ts = sorted(s.timestamp_s for s in samples[-8:] if s.timestamp_s is not None)
+    gaps = [b - a for a, b in itertools.pairwise(ts) if b > a]
+    if not gaps:
+        return None
+    gap = sorted(gaps)[len(gaps) // 2]
+    return now_s + (need - len(here)) * gap
 
 
 def _remaining_s(observations: Sequence[Observation], here: Sequence[Sample]) -> float | None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dlrover_core.faults import PendingAction, PendingPolicy, find_stragglers, pending_action
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
-from dlrover_core.planner.memory_sizing import fit_ps_memory
+from dlrover_core.planner.memory_sizing import PSMemoryFit, fit_ps_memory
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     NodeOverride,
@@ -75,12 +75,20 @@ def post_scale(
     now_s: float,
     *,
     past_plans: Sequence[ResourcePlan] = (),
+    ps_fit: PSMemoryFit | None = None,
+    bounds: JobBounds | None = None,
 ) -> ResourcePlan | None:
-    bounds = JobBounds.from_spec(spec)
-    for check in (_pending, _ps_memory, _hot_ps, _stragglers):
-        plan = check(spec, cfg, bounds, current, observations, now_s)
+    """``ps_fit``: the PS memory fit of these observations when the caller has made it."""
+    bounds = bounds or JobBounds.from_spec(spec)
+    plan = _pending(spec, cfg, bounds, current, observations, now_s)
+    if plan is None:
+        plan = _ps_memory(spec, cfg, bounds, current, observations, now_s, ps_fit)
+    for check in (_hot_ps, _stragglers):
         if plan is not None:
             return plan
+        plan = check(spec, cfg, bounds, current, observations, now_s)
+    if plan is not None:
+        return plan
     # shrinking idle PS only saves cost: never while configurations are being sampled (the
     # next sample or the model re-sizes the PS anyway) and at most once per run
     if current.stage is not Stage.SAMPLING and not any(p.action == IDLE_PS for p in past_plans):
@@ -130,13 +138,14 @@ def _ps_memory(
     current: ResourcePlan,
     observations: Sequence[Observation],
     now_s: float,
+    fit: PSMemoryFit | None = None,
 ) -> ResourcePlan | None:
     """Predicted OOM first (pre-tuning: act before it happens), then memory-hot PS."""
     ps = current.ps
     if ps.count == 0 or not observations:
         return None
     last = observations[-1]
-    fit = fit_ps_memory(spec, observations)
+    fit = fit or fit_ps_memory(spec, observations)
     if fit.growth is not None and last.samples_total > 0 and last.samples_done < last.samples_total:
         limit = min(current.node_resources(Role.PS, i).memory_mib for i in range(ps.count))
         peak = fit.per_ps_mib(ps.count)

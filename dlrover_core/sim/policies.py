@@ -236,9 +236,14 @@ class _DecayingHistogram:
         self.add_many(np.array([value]), t, weight)
 
     def percentile(self, q: float) -> float:
+        return self.percentiles((q,))[0]
+
+    def percentiles(self, qs: Sequence[float]) -> list[float]:
         cw = np.cumsum(self.w)
-        i = int(np.searchsorted(cw, q * cw[-1]))
-        return float(self.first * self.ratio ** (min(i, self.n_buckets - 1) + 1))
+        idx = np.searchsorted(cw, np.asarray(qs) * cw[-1])
+        return [
+            float(self.first * self.ratio ** (min(int(i), self.n_buckets - 1) + 1)) for i in idx
+        ]
 
 
 class VpaPolicy(FixedInterval):
@@ -308,11 +313,13 @@ class VpaPolicy(FixedInterval):
             if cpu_h is None or mem_h is None or not cpu_h.count:
                 new_roles[role] = rp
                 continue
-            cpu_target = cpu_h.percentile(0.9) * self.margin
-            mem_target = mem_h.percentile(0.9) * self.margin
+            c50, c90, c95 = cpu_h.percentiles((0.5, 0.9, 0.95))
+            m50, m90, m95 = mem_h.percentiles((0.5, 0.9, 0.95))
+            cpu_target = c90 * self.margin
+            mem_target = m90 * self.margin
             cur = rp.resources
-            cpu_lo, cpu_hi = cpu_h.percentile(0.5) * self.margin, cpu_h.percentile(0.95) * 2.3
-            mem_lo, mem_hi = mem_h.percentile(0.5) * self.margin, mem_h.percentile(0.95) * 2.3
+            cpu_lo, cpu_hi = c50 * self.margin, c95 * 2.3
+            mem_lo, mem_hi = m50 * self.margin, m95 * 2.3
             outside = not (cpu_lo <= cur.cpu_millicores <= cpu_hi) or not (
                 mem_lo <= cur.memory_mib <= mem_hi
             )

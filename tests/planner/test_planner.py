@@ -436,6 +436,8 @@ def test_configurations_measured_by_past_runs_are_not_sampled_again() -> None:
     # the past run measured d1's configuration: it is reused (the model fits both), never
     # sampled again
     assert d2.model is not None and d2.model.n_configs_ == 2
-    assert d2.plan is None or d2.plan.stage is not Stage.SAMPLING or (
-        key_of(d2.plan) != key_of(d1.plan)
+    assert (
+        d2.plan is None
+        or d2.plan.stage is not Stage.SAMPLING
+        or (key_of(d2.plan) != key_of(d1.plan))
     )
