@@ -115,10 +115,20 @@ def multi(args: argparse.Namespace) -> int:
             }
         )
         print(f"  done {n} jobs, seed {seed} in {wall:.0f} s", file=sys.stderr, flush=True)
-    traces.sort(key=lambda t: -t["worst_jct_ratio"])
+        if args.json:  # after every trace: a long run interrupted keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"tuned_on": TUNED_ON, "traces": traces}, indent=2))
+    report(traces, seeds)
+    if args.json:
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def report(traces: list[dict[str, Any]], seeds: list[int]) -> None:
+    traces = sorted(traces, key=lambda t: -t["worst_jct_ratio"])
     n_crit = len(traces[0]["criteria"])
     print(f"dlrover-rm vs dlrover-oss / manual / oracle, {len(traces)} traces, worst first")
-    print(f"(tuned on seeds {list(TUNED_ON)}; reported seeds {seeds} + big trace)\n")
+    print(f"(tuned on seeds {list(TUNED_ON)}; reported seeds {seeds}, plus --big if given)\n")
     for t in traces:
         print(f"== {t['jobs']} jobs, seed {t['seed']}: {t['passed']}/{n_crit} criteria pass")
         for c in t["criteria"]:
@@ -131,10 +141,13 @@ def multi(args: argparse.Namespace) -> int:
     print("\ncriterion                         traces passing")
     for name, k in totals.items():
         print(f"   {name:<32} {k}/{len(traces)}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"tuned_on": TUNED_ON, "traces": traces}, indent=2))
-        print(f"\nwrote {args.json}")
+
+
+def report_file(path: Path) -> int:
+    """Print the table of a (possibly partial) JSON written by an earlier run."""
+    data = json.loads(path.read_text())
+    traces = data["traces"]
+    report(traces, sorted({t["seed"] for t in traces}))
     return 0
 
 
@@ -181,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="", help="comma-separated; default: all registered")
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
+    ap.add_argument("--report", type=Path, default=None, help="print the table of this JSON")
     args = ap.parse_args(argv)
+    if args.report:
+        return report_file(args.report)
     return multi(args) if args.seeds else single(args)
 
 
