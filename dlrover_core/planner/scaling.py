@@ -84,6 +84,8 @@ def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]
 
 
 SPAN_STRETCH = 2.0
+# the coefficients through which each CPU input acts (the model forms' B/λ terms)
+_CPU_TERMS = {"worker_cpu": ("a1",), "ps_cpu": ("b1", "b4")}
 
 
 def _within(
@@ -160,13 +162,18 @@ def search(
         pv = [int(fixed["ps"])]
     if uses_ps and "ps_cpu" in fixed:
         pcv = [int(round(fixed["ps_cpu"] * 1000))]
-    # and it extrapolates at most a factor ``SPAN_STRETCH`` beyond what it saw (a coefficient
-    # NNLS set to 0 would otherwise make an input look free, e.g. 0.5 CPU per worker)
+    # and where the fit leaves doubt it extrapolates at most ``SPAN_STRETCH`` beyond what it
+    # saw: counts when the fit is partial; a CPU whose every coefficient NNLS left at 0
+    # (it would look free: e.g. 0.5 CPU per worker)
     rng = model.ranges_
-    wv = _within(wv, rng.get("workers"), 1.0, cw.count)
-    wcv = _within(wcv, rng.get("worker_cpu"), 1000.0, cw.resources.cpu_millicores)
-    if uses_ps:
-        pv = _within(pv, rng.get("ps"), 1.0, cp.count)
+    coef = model.coef_
+    if not model.full_rank_:
+        wv = _within(wv, rng.get("workers"), 1.0, cw.count)
+        if uses_ps:
+            pv = _within(pv, rng.get("ps"), 1.0, cp.count)
+    if all(coef.get(n, 0.0) <= 0 for n in _CPU_TERMS["worker_cpu"]):
+        wcv = _within(wcv, rng.get("worker_cpu"), 1000.0, cw.resources.cpu_millicores)
+    if uses_ps and all(coef.get(n, 0.0) <= 0 for n in _CPU_TERMS["ps_cpu"]):
         pcv = _within(pcv, rng.get("ps_cpu"), 1000.0, cp.resources.cpu_millicores)
     w_mem = (
         bounds.workers.memory(worker_memory_mib)
