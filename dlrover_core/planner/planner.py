@@ -272,12 +272,6 @@ class Planner:
         x_meas = _mean_tput(here)
         if x_meas is None or left_s is None or x_meas <= 0:
             return True, "no live speed to weigh the change against"
-        cur = [
-            current.workers.count,
-            current.ps.count,
-            current.workers.resources.cpu_cores,
-            current.ps.resources.cpu_cores,
-        ]
         new = [
             res.workers.count,
             res.ps.count,
@@ -302,12 +296,8 @@ class Planner:
                 f"lower band, after a {pause:.0f} s pause"
             )
         c = self.config.memory_gib_per_core
-        cost_cur = float(scaling.cost(*cur[:2], *(v * 1000 for v in cur[2:]),
-                                      current.workers.resources.memory_mib,
-                                      current.ps.resources.memory_mib, c))  # fmt: skip
-        cost_new = float(scaling.cost(*new[:2], *(v * 1000 for v in new[2:]),
-                                      res.workers.resources.memory_mib,
-                                      res.ps.resources.memory_mib, c))  # fmt: skip
+        cost_cur = _plan_cost(current.workers, current.ps, c)
+        cost_new = _plan_cost(res.workers, res.ps, c)
         if (
             cost_new <= (1 - cfg.shrink_min_cost_cut) * cost_cur
             and x_new_lo >= (1 - cfg.shrink_max_slowdown) * x_meas
@@ -317,7 +307,6 @@ class Planner:
                 f"cuts cost {1 - cost_new / cost_cur:.0%} at {x_new / x_meas - 1:+.0%} speed "
                 f"(≥ {x_new_lo / x_meas - 1:+.0%} on the lower band)"
             )
-        _ = new
         return False, (
             f"not worth a {pause:.0f} s pause: saves {saved / 60:+.1f} min of ~{left_s / 60:.0f} "
             f"min left on the model's lower band (needs {need / 60:.1f})"
@@ -527,6 +516,20 @@ class Planner:
                 action=SAMPLE_ACTION + what,
             )
         return None
+
+
+def _plan_cost(w: RolePlan, p: RolePlan, gib_per_core: float) -> float:
+    return float(
+        scaling.cost(
+            w.count,
+            p.count,
+            w.resources.cpu_millicores,
+            p.resources.cpu_millicores,
+            w.resources.memory_mib,
+            p.resources.memory_mib,
+            gib_per_core,
+        )
+    )
 
 
 def _varies(current: ResourcePlan, w: RolePlan, p: RolePlan, fixed: dict[str, float]) -> bool:

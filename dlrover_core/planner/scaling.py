@@ -197,8 +197,8 @@ def search(
     if limits.ps_capacity_floor is not None:
         ok &= (cw.count >= W) | (limits.ps_capacity_floor < P * PC)
     for aw, ap, awc, apc in limits.avoid:
-        hit = (aw == W) & (ap == P) & (awc == WC)
-        ok &= ~(hit & (apc == PC))
+        hit = np.equal(W, aw) & np.equal(P, ap) & np.equal(WC, awc) & np.equal(PC, apc)
+        ok &= ~hit
     # always evaluate the current configuration too
     cur = np.array(
         [

@@ -70,7 +70,7 @@ _MAX_INCREMENT_MB = 8192
 
 if DLROVER_OSS_UNAVAILABLE is None:
 
-    class _OwnedMetric(RuntimeMetric):  # type: ignore[misc]
+    class _OwnedMetric(RuntimeMetric):
         """A metric built here for one report and never mutated after: the package's
         ``LocalStatsReporter.report_runtime_stats`` deep-copies every metric it stores (its
         Node objects make that ~5 ms a report, most of this policy's simulated time), so the
