@@ -146,6 +146,9 @@ class ResourcePlan:
     predicted_throughput_sps: float | None = None
     overrides: tuple[NodeOverride, ...] = ()
     created_at_s: float = 0.0
+    # what move made this plan, as a value the planner reads back (never its reasons): e.g.
+    # "sample:more_ps", "scale", "revert", "idle_ps", "hot_ps"; "" for stage 1 and faults
+    action: str = ""
 
     def role(self, role: Role) -> RolePlan:
         return self.workers if role is Role.WORKER else self.ps
@@ -189,6 +192,7 @@ class ResourcePlan:
             "reasons": list(self.reasons),
             "predicted_throughput_sps": self.predicted_throughput_sps,
             "created_at_s": self.created_at_s,
+            "action": self.action,
             "total": self.total.to_dict(),
         }
 
@@ -202,6 +206,7 @@ class ResourcePlan:
             predicted_throughput_sps=d.get("predicted_throughput_sps"),
             overrides=tuple(NodeOverride.from_dict(o) for o in d.get("overrides", ())),
             created_at_s=float(d.get("created_at_s", 0.0)),
+            action=str(d.get("action", "")),
         )
 
     def describe(self) -> str:

@@ -38,6 +38,7 @@ Design choices (recorded here, as DESIGN.md asks):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -75,6 +76,12 @@ class ThroughputPrediction:
 
 
 ConfigKey = tuple[int, int, float, float]
+
+
+@functools.lru_cache(maxsize=512)
+def _t975(dof: int) -> float:
+    """Student-t 97.5 % quantile (scipy's ppf costs ~1 ms a call; refits repeat dofs)."""
+    return float(student_t.ppf(0.975, dof))
 
 
 class _LinearThroughputModel:
@@ -210,28 +217,85 @@ class _LinearThroughputModel:
         return self._identifiability_problem(samples) is None
 
     # ----------------------------------------------------------------- fit
+    def _fixed_values(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Inputs that never varied in ``samples``, with their one value."""
+        cols: list[tuple[str, set[float]]] = [
+            ("workers", {float(s.workers) for s in samples}),
+            ("worker_cpu", {float(s.worker_cpu_cores) for s in samples}),
+        ]
+        if self.uses_ps:
+            cols += [
+                ("ps", {float(s.ps) for s in samples}),
+                ("ps_cpu", {float(s.ps_cpu_cores) for s in samples}),
+            ]
+        return {name: next(iter(vals)) for name, vals in cols if len(vals) == 1}
+
+    def _ranges(self, samples: Sequence[Sample]) -> dict[str, tuple[float, float]]:
+        """(min, max) of each input over the fitted samples: the span the data cover."""
+        cols = {
+            "workers": [float(s.workers) for s in samples],
+            "worker_cpu": [float(s.worker_cpu_cores) for s in samples],
+        }
+        if self.uses_ps:
+            cols["ps"] = [float(s.ps) for s in samples]
+            cols["ps_cpu"] = [float(s.ps_cpu_cores) for s in samples]
+        return {k: (min(v), max(v)) for k, v in cols.items()}
+
+    @staticmethod
+    def _independent_columns(a: FloatArray) -> npt.NDArray[np.bool_]:
+        """Greedy, in the features' order: keep a column when it adds rank (the identifiable
+        part of the model; a dropped column is a combination of kept ones on these data)."""
+        norms = np.linalg.norm(a, axis=0)
+        norms[norms == 0] = 1.0
+        an = a / norms
+        keep = np.zeros(a.shape[1], dtype=bool)
+        rank = 0
+        for j in range(a.shape[1]):
+            keep[j] = True
+            r = int(np.linalg.matrix_rank(an[:, keep], tol=1e-9))
+            if r > rank:
+                rank = r
+            else:
+                keep[j] = False
+        return keep
+
     def fit(self, samples: Sequence[Sample]) -> Self:
+        """Fit the coefficients the samples identify.
+
+        Samples that vary only some inputs (e.g. workers and PS at fixed CPUs, as Optimus
+        profiles) fit the identifiable part: coefficients whose features are combinations of
+        others on these data are folded into them (``identified_`` lists what was fitted) and
+        the inputs that never varied are recorded in ``fixed_inputs_``; a prediction that moves
+        one of them is refused (see :meth:`span_problems`). Fewer than two distinct
+        configurations identify nothing about the resources and are refused."""
         samples = list(samples)
         self._validate(samples)
-        problem = self._identifiability_problem(samples)
-        if problem is not None:
-            raise TooFewSamplesError(problem)
+        n_cfg = self.count_configs(samples)
+        if n_cfg < 2:
+            what = "(w, p, λw, λp)" if self.uses_ps else "(w, λw)"
+            raise TooFewSamplesError(
+                f"{type(self).__name__} needs at least 2 distinct {what} configurations to "
+                f"learn how throughput changes with resources, got {n_cfg} (from "
+                f"{len(samples)} samples); {_PROFILE_HINT}"
+            )
         feats, b, t_meas = self._design(samples)
         k = feats.shape[1]
         # relative weighting (see module docstring): row i and its target divided by T_i
         a = feats / t_meas[:, None]
         y = np.ones(len(t_meas))
+        ident = self._independent_columns(a)
         scale = np.linalg.norm(a, axis=0)  # column scaling: conditioning for NNLS
         scale[scale == 0] = 1.0
-        sol, _ = nnls(a / scale, y, maxiter=50 * k)
-        coef = sol / scale
+        coef = np.zeros(k)
+        sol, _ = nnls(a[:, ident] / scale[ident], y, maxiter=50 * k)
+        coef[ident] = sol / scale[ident]
         resid = a @ coef - y  # (T̂ - T)/T
         active = coef > 0
         n_active = int(active.sum())
         dof = len(y) - n_active
         if dof > 0:
             sigma = float(np.sqrt(np.sum(resid**2) / dof))
-            z = float(student_t.ppf(0.975, dof))
+            z = _t975(dof)
         else:
             sigma = float(self.prior_rel_std)
             z = 2.0
@@ -239,6 +303,12 @@ class _LinearThroughputModel:
         if n_active:
             a_act = a[:, active]
             cov[np.ix_(active, active)] = np.linalg.pinv(a_act.T @ a_act)
+        self.identified_ = tuple(
+            n for n, keep in zip(self.feature_names, ident, strict=True) if keep
+        )
+        self.fixed_inputs_ = self._fixed_values(samples)
+        self.ranges_ = self._ranges(samples)
+        self.full_rank_ = bool(ident.all())
         x_hat = 1.0 / np.maximum(a @ coef, _T_FLOOR)  # X̂/X = T/T̂
         self.coef_array_ = coef
         self.cov_ = cov
@@ -251,6 +321,24 @@ class _LinearThroughputModel:
         self.default_batch_size_ = int(Counter(b.astype(int).tolist()).most_common(1)[0][0])
         self._cache()
         return self
+
+    def span_problems(self, configs: npt.ArrayLike) -> list[str]:
+        """Rows that move an input the fitted samples never varied (refused by predict)."""
+        fixed = getattr(self, "fixed_inputs_", {})
+        if not fixed:
+            return []
+        cfg = np.asarray(configs, dtype=np.float64).reshape(-1, np.shape(configs)[-1])
+        col = {"workers": 0, "ps": 1, "worker_cpu": 2, "ps_cpu": 3}
+        out: list[str] = []
+        for name, val in fixed.items():
+            bad = np.flatnonzero(np.abs(cfg[:, col[name]] - val) > 1e-9)
+            if bad.size:
+                out.append(
+                    f"{name} never varied in the fitted samples (always {val:g}); rows "
+                    f"{bad[:10].tolist()} ask for other values: profile configurations that "
+                    f"vary {name}, or predict at {name}={val:g}"
+                )
+        return out
 
     def _cache(self) -> None:
         self._coef_t = tuple(float(c) for c in self.coef_array_)
@@ -289,6 +377,8 @@ class _LinearThroughputModel:
         bsz = float(self.default_batch_size_ if batch_size is None else batch_size)
         if not bsz > 0:
             problems.append(f"batch_size={batch_size!r} must be > 0")
+        if not problems:
+            problems = self.span_problems([[workers, ps, worker_cpu_cores, ps_cpu_cores]])
         if problems:
             raise InputError("cannot predict this configuration", problems=problems)
         f = self._features_scalar(workers, ps, worker_cpu_cores, ps_cpu_cores, bsz)
@@ -326,6 +416,9 @@ class _LinearThroughputModel:
                 + "; fix these rows",
                 problems=[f"row {int(i)}: {cfg[i].tolist()}" for i in rows[:20]],
             )
+        span = self.span_problems(cfg[:, :4])
+        if span:
+            raise InputError("cannot predict outside the fitted samples' span", problems=span)
         feats = self._features(w, p, lw, lp, b)
         t_hat = np.maximum(feats @ self.coef_array_, _T_FLOOR)
         return feats, w * b / t_hat
@@ -366,6 +459,9 @@ class _LinearThroughputModel:
                 "n_configs": self.n_configs_,
                 "relative_error": self.relative_error_,
                 "default_batch_size": self.default_batch_size_,
+                "identified": list(self.identified_),
+                "fixed_inputs": dict(self.fixed_inputs_),
+                "ranges": {k: list(v) for k, v in self.ranges_.items()},
             }
         return d
 
@@ -397,6 +493,16 @@ class _LinearThroughputModel:
                 model.n_configs_ = int(fitted["n_configs"])
                 model.relative_error_ = float(fitted["relative_error"])
                 model.default_batch_size_ = int(fitted["default_batch_size"])
+                model.identified_ = tuple(
+                    str(n) for n in fitted.get("identified", cls.feature_names)
+                )
+                model.full_rank_ = len(model.identified_) == len(cls.feature_names)
+                model.fixed_inputs_ = {
+                    str(k): float(v) for k, v in fitted.get("fixed_inputs", {}).items()
+                }
+                model.ranges_ = {
+                    str(k): (float(v[0]), float(v[1])) for k, v in fitted.get("ranges", {}).items()
+                }
                 model._cache()
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(

@@ -52,7 +52,18 @@ class PlannerConfig:
         32000,
     )
     max_trust_rel_error: float = 0.25  # beyond this fitted error, keep sampling
-    max_sampling_configs: int = 8
+    max_sampling_configs: int = 4  # ours: a partial fit serves inside its span (issue 10)
+    # --- what a change costs (ours, issue 10): act only when the time it saves, judged on
+    # the model's lower band and calibrated to the measured speed, clearly beats its pause
+    worker_change_pause_s: float = 30.0  # a worker add/resize pauses the job this long
+    ps_change_pause_s: float = 120.0  # a PS change / migration pauses the job this long
+    min_saved_fraction: float = 0.08  # of the remaining time, after the pause
+    min_saved_pause_multiple: float = 2.0  # and at least this many pauses
+    min_remaining_to_sample_s: float = 1200.0  # too little left: sampling cannot pay back
+    shrink_min_cost_cut: float = 0.15  # a cheaper plan must cut cost this much ...
+    shrink_max_slowdown: float = 0.03  # ... and lose at most this much speed
+    ps_hot_hysteresis: float = 0.15  # with a hot PS, also migrate PS within this of the mark
+    worker_ps_target_util: float = 0.85  # DLRover: grow workers until the PS are this busy
     # --- stage 3: post-scaling ------------------------------------------------------------
     hot_ps_cpu_util: float = 0.9
     hot_ps_memory_util: float = 0.9

@@ -8,9 +8,12 @@ stage 3  replan():        post-scaling on instability (runs first: it is urgent)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.throughput import (
@@ -22,6 +25,7 @@ from dlrover_core.planner import scaling
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import (
+    PSMemoryFit,
     fit_ps_memory,
     ps_memory_from_fit,
     worker_memory_mib,
@@ -29,7 +33,18 @@ from dlrover_core.planner.memory_sizing import (
 from dlrover_core.planner.post_scaling import post_scale
 from dlrover_core.planner.warm_start import initial_plan, similar_runs
 from dlrover_core.spec import JobSpec
-from dlrover_core.types import HistoryRecord, Observation, ResourcePlan, Role, Sample, Stage
+from dlrover_core.types import (
+    HistoryRecord,
+    Observation,
+    ResourcePlan,
+    Role,
+    RolePlan,
+    Sample,
+    Stage,
+)
+
+SAMPLE_ACTION = "sample:"
+REVERT_ACTION = "revert"
 
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
@@ -54,6 +69,10 @@ class PlanDecision:
     plan: ResourcePlan | None
     notes: tuple[str, ...] = ()
     model: ThroughputModel | None = None
+    # no new plan can come before this time unless something new is observed (a sample of
+    # a new configuration, an exit, a hot node): callers may pace their calls on it. None:
+    # the next speed samples may already change the decision.
+    next_check_s: float | None = None
 
 
 class Planner:
@@ -68,6 +87,24 @@ class Planner:
         self.config = config or PlannerConfig.from_spec(spec)
         self.bounds = JobBounds.from_spec(spec)
         self.model_factory = model_factory
+        # memory fits of the latest observations, reused within and across calls until a
+        # new observation arrives (keyed on its time and the window's length)
+        self._memo_key: tuple[int, float, float] | None = None
+        self._memo: tuple[PSMemoryFit, int] | None = None
+
+    def _memory_fits(self, observations: Sequence[Observation]) -> tuple[PSMemoryFit, int]:
+        key = (
+            (len(observations), observations[0].time_s, observations[-1].time_s)
+            if observations
+            else (0, 0.0, 0.0)
+        )
+        if self._memo is None or key != self._memo_key:
+            self._memo = (
+                fit_ps_memory(self.spec, observations),
+                worker_memory_mib(self.spec, observations, self.config.worker_memory_margin),
+            )
+            self._memo_key = key
+        return self._memo
 
     # --- stage 1 ------------------------------------------------------------------------
     def initial_plan(
@@ -126,33 +163,77 @@ class Planner:
         prior_samples: Sequence[Sample] = (),
     ) -> PlanDecision:
         """``samples`` are this run's; ``prior_samples`` (e.g. from similar past runs) only
-        help fit the model."""
+        help fit the model. A change is proposed only when the time it is predicted to save
+        (on the model's lower band, calibrated to the measured speed) beats its pause."""
         cfg = self.config
-        urgent = post_scale(self.spec, cfg, current, observations, now_s)
+        urgent = post_scale(
+            self.spec,
+            cfg,
+            current,
+            observations,
+            now_s,
+            past_plans=past_plans,
+            ps_fit=self._memory_fits(observations)[0],
+            bounds=self.bounds,
+        )
         if urgent is not None:
             return PlanDecision(urgent)
         here = scaling.samples_at(samples, scaling.plan_key(current))
+        settle = now_s + cfg.replan_interval_s
         # a sampling configuration only needs its speed samples, not the re-plan interval
         if (
             current.stage is not Stage.SAMPLING
             and now_s - current.created_at_s < cfg.replan_interval_s
         ):
-            return PlanDecision(None, ("paced: re-plan interval not over",))
+            return PlanDecision(
+                None,
+                ("paced: re-plan interval not over",),
+                next_check_s=current.created_at_s + cfg.replan_interval_s,
+            )
         if len(here) < cfg.min_speed_samples:
             return PlanDecision(
-                None, (f"waiting for speed samples ({len(here)}/{cfg.min_speed_samples})",)
+                None,
+                (f"waiting for speed samples ({len(here)}/{cfg.min_speed_samples})",),
+                next_check_s=_samples_due(samples, here, cfg.min_speed_samples, now_s),
             )
         reverted = self._deceleration_guard(current, samples, past_plans, now_s)
         if reverted is not None:
             return PlanDecision(reverted)
         model, why = self._fit([*prior_samples, *samples])
-        if model is None or not model.trustworthy(cfg.max_trust_rel_error):
-            # configurations past runs already measured need no sampling again
+        left_s = _remaining_s(observations, here)
+        may_sample = left_s is None or left_s >= cfg.min_remaining_to_sample_s
+        trusted = model is not None and model.trustworthy(cfg.max_trust_rel_error)
+        note = why or "model not trustworthy yet"
+        if model is not None and trusted:
+            plan, note = self._model_move(model, current, observations, samples, here, past_plans,
+                                          now_s, left_s)  # fmt: skip
+            if plan is not None:
+                return PlanDecision(plan, (), model)
+            if model.full_rank_:
+                return PlanDecision(None, (note,), model, next_check_s=settle)
+        # no model, an untrusted one, or a partial one that finds nothing worth a change in
+        # its span: sample an input it never saw vary (configurations past runs measured
+        # count as sampled), while enough time is left for the sample to pay back
+        nxt = None
+        if may_sample:
             nxt = self._next_sample(
-                current, [*prior_samples, *samples], observations, past_plans, now_s, why
-            )
-            if nxt is not None or model is None:
-                return PlanDecision(nxt, (why or "model not trustworthy yet",), model)
+                current, [*prior_samples, *samples], observations, past_plans, now_s, note,
+                model.fixed_inputs_ if model is not None else None,
+            )  # fmt: skip
+        return PlanDecision(nxt, (note,), model, next_check_s=None if nxt is not None else settle)
+
+    def _model_move(
+        self,
+        model: ThroughputModel,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        here: Sequence[Sample],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+        left_s: float | None,
+    ) -> tuple[ResourcePlan | None, str]:
+        cfg = self.config
         limits = self._limits(current, samples, observations, past_plans, now_s)
         mem_from = None if observations else current
         urgent_note = ""
@@ -169,13 +250,67 @@ class Planner:
                 )
                 res = alt
         if res.gain < cfg.min_gain or (res.workers, res.ps) == (current.workers, current.ps):
-            return PlanDecision(
-                None, (f"current plan is within {cfg.min_gain:.0%} of the best",), model
-            )
+            return None, f"current plan is within {cfg.min_gain:.0%} of the best"
+        worth, note = self._worth_it(model, current, res, here, left_s)
+        if not worth:
+            return None, note
         plan = self._scaled_plan(current, res, model, now_s)
-        if urgent_note:
-            plan = plan.replace(reasons=(*plan.reasons, urgent_note))
-        return PlanDecision(plan, (), model)
+        return plan.replace(
+            reasons=(*plan.reasons, note, *([urgent_note] if urgent_note else ()))
+        ), note
+
+    def _worth_it(
+        self,
+        model: ThroughputModel,
+        current: ResourcePlan,
+        res: scaling.SearchResult,
+        here: Sequence[Sample],
+        left_s: float | None,
+    ) -> tuple[bool, str]:
+        """Does the move pay for its pause? (with no live speed, e.g. offline: yes)"""
+        cfg = self.config
+        x_meas = _mean_tput(here)
+        if x_meas is None or left_s is None or x_meas <= 0:
+            return True, "no live speed to weigh the change against"
+        new = [
+            res.workers.count,
+            res.ps.count,
+            res.workers.resources.cpu_cores,
+            res.ps.resources.cpu_cores,
+        ]
+        x, lo, _ = model.predict_bounds_many(np.array([new], dtype=np.float64))
+        x_cur_model = res.current_throughput_sps
+        calib = x_meas / x_cur_model if x_cur_model > 0 else 1.0
+        x_new, x_new_lo = float(x[0]) * calib, float(lo[0]) * calib
+        pause = (
+            cfg.ps_change_pause_s
+            if res.ps != current.ps or any(o.role is Role.PS for o in current.overrides)
+            else cfg.worker_change_pause_s
+        )
+        samples_left = left_s * x_meas
+        saved = left_s - (pause + samples_left / max(x_new_lo, 1e-9))
+        need = max(cfg.min_saved_fraction * left_s, cfg.min_saved_pause_multiple * pause)
+        if saved >= need:
+            return True, (
+                f"saves ≥ {saved / 60:.1f} min of ~{left_s / 60:.0f} min left on the model's "
+                f"lower band, after a {pause:.0f} s pause"
+            )
+        c = self.config.memory_gib_per_core
+        cost_cur = _plan_cost(current.workers, current.ps, c)
+        cost_new = _plan_cost(res.workers, res.ps, c)
+        if (
+            cost_new <= (1 - cfg.shrink_min_cost_cut) * cost_cur
+            and x_new_lo >= (1 - cfg.shrink_max_slowdown) * x_meas
+            and left_s >= 10 * pause
+        ):
+            return True, (
+                f"cuts cost {1 - cost_new / cost_cur:.0%} at {x_new / x_meas - 1:+.0%} speed "
+                f"(≥ {x_new_lo / x_meas - 1:+.0%} on the lower band)"
+            )
+        return False, (
+            f"not worth a {pause:.0f} s pause: saves {saved / 60:+.1f} min of ~{left_s / 60:.0f} "
+            f"min left on the model's lower band (needs {need / 60:.1f})"
+        )
 
     # --- helpers ----------------------------------------------------------------------------
     def _fit(self, samples: Sequence[Sample]) -> tuple[ThroughputModel | None, str]:
@@ -195,9 +330,8 @@ class Planner:
         memory_from: ResourcePlan | None = None,
     ) -> scaling.SearchResult:
         """``memory_from``: before the job runs, size memory from this (warm/cold) plan."""
-        cfg, spec = self.config, self.spec
-
-        fit = fit_ps_memory(spec, observations)
+        cfg = self.config
+        fit, w_mem = self._memory_fits(observations)
 
         def ps_mem(p: int) -> int:
             need = ps_memory_from_fit(fit, p, observations, cfg.ps_memory_margin)
@@ -208,7 +342,6 @@ class Planner:
                 need = max(need, b.resources.memory_mib * max(b.count / p, 0.75))
             return ceil_mib(need)
 
-        w_mem = worker_memory_mib(spec, observations, cfg.worker_memory_margin)
         if memory_from is not None and not observations:
             w_mem = max(w_mem, memory_from.workers.resources.memory_mib)
         return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
@@ -242,6 +375,7 @@ class Planner:
             reasons=tuple(reasons),
             predicted_throughput_sps=res.throughput_sps,
             created_at_s=now_s,
+            action="scale",
         )
 
     def _last_change_s(self, past_plans: Sequence[ResourcePlan], role: Role) -> float:
@@ -292,6 +426,7 @@ class Planner:
         if ratio is not None and ratio < cfg.min_marginal_speed_ratio:
             no_more = True
         return scaling.SearchLimits(
+            avoid=abandoned_keys(plans),
             change_workers=w_ok,
             change_ps=ps_ok,
             max_worker_step=cfg.max_worker_step,
@@ -317,6 +452,7 @@ class Planner:
         return prev.replace(
             stage=Stage.SCALING,
             created_at_s=now_s,
+            action=REVERT_ACTION,
             reasons=(
                 f"deceleration: {x_now:,.0f} samples/s after scaling up vs {x_before:,.0f} "
                 f"before (≥ {self.config.deceleration:.0%} slower): revert",
@@ -331,18 +467,22 @@ class Planner:
         past_plans: Sequence[ResourcePlan],
         now_s: float,
         why: str,
+        fixed: dict[str, float] | None = None,
     ) -> ResourcePlan | None:
         seen = {scaling.sample_key(s) for s in samples}
-        if len(seen) >= self.config.max_sampling_configs:
+        # the budget binds only once every input has varied: a model that never saw an input
+        # vary cannot move it, so one sample along it stays worth its pause
+        if len(seen) >= self.config.max_sampling_configs + (2 if fixed else 0):
             return None
         used = {
-            r.split(": ", 1)[1].split(" (", 1)[0]
+            pl.action.removeprefix(SAMPLE_ACTION)
             for pl in past_plans
-            if pl.stage is Stage.SAMPLING
-            for r in pl.reasons[:1]
-            if ": " in r
+            if pl.action.startswith(SAMPLE_ACTION)
         }
         cands = scaling.sampling_candidates(current, self.bounds, self.config, observations)
+        if fixed:
+            # optimal design, simply: first the moves along inputs the model never saw vary
+            cands = sorted(cands, key=lambda c: not _varies(current, c[0], c[1], fixed))
         # when moves from here no longer fit the quota, move from the first plan instead
         base = past_plans[0] if past_plans else current
         fallback = sorted(  # kinds not tried yet first
@@ -350,9 +490,16 @@ class Planner:
             key=lambda c: c[2] in used,
         )
         for i, (w, p, what) in enumerate([*cands, *fallback]):
-            w2, p2, notes = self.bounds.fit(w, p)
+            shrunk = not (
+                self.bounds.workers.clamp(w).total + self.bounds.ps.clamp(p).total
+            ).fits_in(self.bounds.quota)
+            w2, p2, _ = self.bounds.fit(w, p)
             key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
-            if (i < len(cands) and what in used) or key in seen or "shrunk" in " ".join(notes):
+            if (i < len(cands) and what in used) or key in seen or shrunk:
+                continue
+            if len(seen) >= self.config.max_sampling_configs and not (
+                fixed and _varies(current, w2, p2, fixed)
+            ):
                 continue
             reasons = (
                 f"sampling configuration {len(seen) + 1}: {what} "
@@ -366,8 +513,67 @@ class Planner:
                 reasons=reasons,
                 predicted_throughput_sps=None,
                 created_at_s=now_s,
+                action=SAMPLE_ACTION + what,
             )
         return None
+
+
+def _plan_cost(w: RolePlan, p: RolePlan, gib_per_core: float) -> float:
+    return float(
+        scaling.cost(
+            w.count,
+            p.count,
+            w.resources.cpu_millicores,
+            p.resources.cpu_millicores,
+            w.resources.memory_mib,
+            p.resources.memory_mib,
+            gib_per_core,
+        )
+    )
+
+
+def _varies(current: ResourcePlan, w: RolePlan, p: RolePlan, fixed: dict[str, float]) -> bool:
+    now = {
+        "workers": (current.workers.count, w.count),
+        "ps": (current.ps.count, p.count),
+        "worker_cpu": (current.workers.resources.cpu_millicores, w.resources.cpu_millicores),
+        "ps_cpu": (current.ps.resources.cpu_millicores, p.resources.cpu_millicores),
+    }
+    return any(now[k][0] != now[k][1] for k in fixed if k in now)
+
+
+def _samples_due(
+    samples: Sequence[Sample], here: Sequence[Sample], need: int, now_s: float
+) -> float | None:
+    """When the missing speed samples are due, at the cadence samples have arrived so far
+    (None: unknown yet)."""
+    ts = sorted(s.timestamp_s for s in samples[-8:] if s.timestamp_s is not None)
+    gaps = [b - a for a, b in itertools.pairwise(ts) if b > a]
+    if not gaps:
+        return None
+    gap = sorted(gaps)[len(gaps) // 2]
+    return now_s + (need - len(here)) * gap
+
+
+def _remaining_s(observations: Sequence[Observation], here: Sequence[Sample]) -> float | None:
+    """Seconds left at the measured speed of the current configuration (None: unknown)."""
+    x = _mean_tput(here)
+    if not observations or x is None or x <= 0:
+        return None
+    last = observations[-1]
+    if last.samples_total <= 0:
+        return None
+    return max(0.0, last.samples_total - last.samples_done) / x
+
+
+def abandoned_keys(past_plans: Sequence[ResourcePlan]) -> frozenset[scaling.ConfigKey]:
+    """Configurations left by a deceleration revert: not re-entered in this run."""
+    plans = list(past_plans)
+    return frozenset(
+        scaling.plan_key(prev)
+        for prev, nxt in itertools.pairwise(plans)
+        if nxt.action == REVERT_ACTION
+    )
 
 
 def _mean_tput(samples: Sequence[Sample]) -> float | None:

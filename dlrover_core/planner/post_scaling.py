@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dlrover_core.faults import PendingAction, PendingPolicy, find_stragglers, pending_action
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
-from dlrover_core.planner.memory_sizing import fit_ps_memory
+from dlrover_core.planner.memory_sizing import PSMemoryFit, fit_ps_memory
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     NodeOverride,
@@ -49,6 +49,7 @@ def _with(
     workers: RolePlan | None = None,
     ps: RolePlan | None = None,
     overrides: tuple[NodeOverride, ...] | None = None,
+    action: str = "",
 ) -> ResourcePlan:
     return current.replace(
         workers=workers or current.workers,
@@ -57,6 +58,7 @@ def _with(
         stage=Stage.POST_SCALING,
         reasons=tuple(reasons),
         created_at_s=now_s,
+        action=action,
     )
 
 
@@ -71,13 +73,30 @@ def post_scale(
     current: ResourcePlan,
     observations: Sequence[Observation],
     now_s: float,
+    *,
+    past_plans: Sequence[ResourcePlan] = (),
+    ps_fit: PSMemoryFit | None = None,
+    bounds: JobBounds | None = None,
 ) -> ResourcePlan | None:
-    bounds = JobBounds.from_spec(spec)
-    for check in (_pending, _ps_memory, _hot_ps, _stragglers, _idle_ps):
-        plan = check(spec, cfg, bounds, current, observations, now_s)
+    """``ps_fit``: the PS memory fit of these observations when the caller has made it."""
+    bounds = bounds or JobBounds.from_spec(spec)
+    plan = _pending(spec, cfg, bounds, current, observations, now_s)
+    if plan is None:
+        plan = _ps_memory(spec, cfg, bounds, current, observations, now_s, ps_fit)
+    for check in (_hot_ps, _stragglers):
         if plan is not None:
             return plan
+        plan = check(spec, cfg, bounds, current, observations, now_s)
+    if plan is not None:
+        return plan
+    # shrinking idle PS only saves cost: never while configurations are being sampled (the
+    # next sample or the model re-sizes the PS anyway) and at most once per run
+    if current.stage is not Stage.SAMPLING and not any(p.action == IDLE_PS for p in past_plans):
+        return _idle_ps(spec, cfg, bounds, current, observations, now_s)
     return None
+
+
+IDLE_PS = "idle_ps"
 
 
 def _headroom(bounds: JobBounds, plan: ResourcePlan) -> NodeResources:
@@ -107,7 +126,9 @@ def _pending(
     if not moves:
         return None
     reasons = [f"{m.role.value}-{m.node_id} {m.reason}" for m in moves]
-    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+    return _with(
+        current, now_s, reasons, overrides=_merge(current.overrides, moves), action="pending"
+    )
 
 
 def _ps_memory(
@@ -117,13 +138,14 @@ def _ps_memory(
     current: ResourcePlan,
     observations: Sequence[Observation],
     now_s: float,
+    fit: PSMemoryFit | None = None,
 ) -> ResourcePlan | None:
     """Predicted OOM first (pre-tuning: act before it happens), then memory-hot PS."""
     ps = current.ps
     if ps.count == 0 or not observations:
         return None
     last = observations[-1]
-    fit = fit_ps_memory(spec, observations)
+    fit = fit or fit_ps_memory(spec, observations)
     if fit.growth is not None and last.samples_total > 0 and last.samples_done < last.samples_total:
         limit = min(current.node_resources(Role.PS, i).memory_mib for i in range(ps.count))
         peak = fit.per_ps_mib(ps.count)
@@ -151,6 +173,7 @@ def _ps_memory(
                     [why, f"raise PS memory to {need} MiB now"],
                     ps=new_ps,
                     overrides=keep,
+                    action="ps_memory",
                 )
             if not bounds.ps.count_fixed:
                 mem = ps.resources.memory_mib
@@ -162,6 +185,7 @@ def _ps_memory(
                                 now_s,
                                 [why, f"grow PS from {ps.count} to {n} to spread the rows"],
                                 ps=RolePlan(n, ps.resources),
+                                action="ps_memory",
                             )
                         break
     window = _recent(observations, current.created_at_s, cfg.hot_window)
@@ -193,7 +217,9 @@ def _ps_memory(
     if not moves:
         return None
     reasons = [f"ps-{m.node_id} {m.reason}: memory -> {m.resources.memory_mib} MiB" for m in moves]
-    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+    return _with(
+        current, now_s, reasons, overrides=_merge(current.overrides, moves), action="ps_memory"
+    )
 
 
 def _hot_ps(
@@ -217,8 +243,12 @@ def _hot_ps(
     levels = cfg.cpu_levels_millicores
     if set(hot) >= running and len(running) > 1:
         return None  # every PS is busy: capacity, not imbalance — stage 2 adds PS or CPU
+    # one migration for every PS near the mark too (hysteresis): a PS just under it would
+    # turn hot once its neighbour is relieved and cost a second pause
+    near = cfg.hot_ps_cpu_util - cfg.ps_hot_hysteresis
+    also = {n.node_id for n in window[-1].of(Role.PS) if n.cpu_util >= near}
     moves = []
-    for node_id in hot:
+    for node_id in sorted(set(hot) | also):
         cur = current.node_resources(Role.PS, node_id)
         want = round_up_level(cur.cpu_millicores * cfg.hot_ps_cpu_factor, levels)
         new_cpu = min(want, bounds.ps.max_cpu_millicores, cur.cpu_millicores + head)
@@ -239,7 +269,9 @@ def _hot_ps(
         f"ps-{m.node_id} {m.reason}: migrate to {m.resources.cpu_millicores / 1000:g} CPU"
         for m in moves
     ]
-    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+    return _with(
+        current, now_s, reasons, overrides=_merge(current.overrides, moves), action="hot_ps"
+    )
 
 
 def _stragglers(
@@ -280,7 +312,9 @@ def _stragglers(
         for i in sorted(slow)
     ]
     reasons = [f"worker-{m.node_id} {m.reason}: replace it" for m in moves]
-    return _with(current, now_s, reasons, overrides=_merge(current.overrides, moves))
+    return _with(
+        current, now_s, reasons, overrides=_merge(current.overrides, moves), action="straggler"
+    )
 
 
 def _idle_ps(
@@ -318,4 +352,4 @@ def _idle_ps(
     ]
     new_ps = RolePlan(ps.count, NodeResources(new_cpu, ps.resources.memory_mib))
     keep = tuple(o for o in current.overrides if o.role is not Role.PS)
-    return _with(current, now_s, reasons, ps=new_ps, overrides=keep)
+    return _with(current, now_s, reasons, ps=new_ps, overrides=keep, action=IDLE_PS)

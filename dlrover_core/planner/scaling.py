@@ -83,6 +83,20 @@ def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]
     return sorted(vals)
 
 
+SPAN_STRETCH = 2.0
+# the coefficients through which each CPU input acts (the model forms' B/λ terms)
+_CPU_TERMS = {"worker_cpu": ("a1",), "ps_cpu": ("b1", "b4")}
+
+
+def _within(
+    vals: list[int], span: tuple[float, float] | None, unit: float, current: int
+) -> list[int]:
+    if span is None:
+        return vals
+    lo, hi = span[0] * unit / SPAN_STRETCH, span[1] * unit * SPAN_STRETCH
+    return [v for v in vals if lo - 1e-9 <= v <= hi + 1e-9] or [current]
+
+
 @dataclass(frozen=True)
 class SearchResult:
     workers: RolePlan
@@ -108,6 +122,7 @@ class SearchLimits:
     no_more_workers: bool = False  # marginal-speed or PS-saturation guard fired
     ps_capacity_floor: float | None = None  # p·λp must exceed this to add workers
     max_worker_cpu_millicores: int | None = None  # workers cannot use more than this
+    avoid: frozenset[ConfigKey] = frozenset()  # configurations abandoned for being slower
 
 
 def search(
@@ -137,6 +152,29 @@ def search(
         if uses_ps
         else [cp.resources.cpu_millicores or 1000]
     )
+    # a model fitted on samples that never varied an input predicts only at its one value
+    fixed = model.fixed_inputs_
+    if "workers" in fixed:
+        wv = [int(fixed["workers"])]
+    if "worker_cpu" in fixed:
+        wcv = [int(round(fixed["worker_cpu"] * 1000))]
+    if uses_ps and "ps" in fixed:
+        pv = [int(fixed["ps"])]
+    if uses_ps and "ps_cpu" in fixed:
+        pcv = [int(round(fixed["ps_cpu"] * 1000))]
+    # and where the fit leaves doubt it extrapolates at most ``SPAN_STRETCH`` beyond what it
+    # saw: counts when the fit is partial; a CPU whose every coefficient NNLS left at 0
+    # (it would look free: e.g. 0.5 CPU per worker)
+    rng = model.ranges_
+    coef = model.coef_
+    if not model.full_rank_:
+        wv = _within(wv, rng.get("workers"), 1.0, cw.count)
+        if uses_ps:
+            pv = _within(pv, rng.get("ps"), 1.0, cp.count)
+    if all(coef.get(n, 0.0) <= 0 for n in _CPU_TERMS["worker_cpu"]):
+        wcv = _within(wcv, rng.get("worker_cpu"), 1000.0, cw.resources.cpu_millicores)
+    if uses_ps and all(coef.get(n, 0.0) <= 0 for n in _CPU_TERMS["ps_cpu"]):
+        pcv = _within(pcv, rng.get("ps_cpu"), 1000.0, cp.resources.cpu_millicores)
     w_mem = (
         bounds.workers.memory(worker_memory_mib)
         if limits.change_workers
@@ -158,6 +196,9 @@ def search(
     ok = (tot_cpu <= q.cpu_millicores) & (tot_mem <= q.memory_mib)
     if limits.ps_capacity_floor is not None:
         ok &= (cw.count >= W) | (limits.ps_capacity_floor < P * PC)
+    for aw, ap, awc, apc in limits.avoid:
+        hit = np.equal(W, aw) & np.equal(P, ap) & np.equal(WC, awc) & np.equal(PC, apc)
+        ok &= ~hit
     # always evaluate the current configuration too
     cur = np.array(
         [
@@ -169,7 +210,8 @@ def search(
             ]
         ]
     )
-    x_cur = float(model.predict_many(cur)[0])
+    in_span = not model.span_problems(cur)
+    x_cur = float(model.predict_many(cur)[0]) if in_span else 0.0
     c_cur = float(
         cost(
             cw.count,
@@ -181,7 +223,11 @@ def search(
             cfg.memory_gib_per_core,
         )
     )
-    j_cur = math.log(max(x_cur, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
+    j_cur = (
+        math.log(max(x_cur, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
+        if in_span
+        else -50.0  # the current configuration is outside what the model knows
+    )
     if not ok.any():
         return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
     W, P, WC, PC, PM = W[ok], P[ok], WC[ok], PC[ok], PM[ok]
@@ -223,6 +269,17 @@ def sampling_candidates(
         return NodeResources(_nearest_level(m, levels), p.resources.memory_mib)
 
     wc, pc = w.resources.cpu_millicores, p.resources.cpu_millicores
+    if uses_ps and pc > 0 and p_used >= cfg.hot_ps_cpu_util * pc:
+        # the PS are the bottleneck: DLRover's PS rule, enough PS for ~70 % busy (≤ ×4)
+        more = min(4 * p.count, math.ceil(p.count * p_used / (cfg.idle_target_util * pc)))
+        if more > p.count:
+            out.append((w, RolePlan(more, p.resources), "PS until they are 70% busy"))
+    if uses_ps and pc > 0 and 0 < p_used < cfg.worker_ps_target_util * pc:
+        # DLRover's worker rule: grow workers until the busiest PS is ~85 % busy (≤ +8)
+        grow = math.ceil(w.count * cfg.worker_ps_target_util * pc / p_used)
+        grow = min(grow, w.count + cfg.max_worker_step)
+        if grow > w.count:
+            out.append((RolePlan(grow, w.resources), p, "workers until the PS are busy"))
     # a worker using well under its CPU is limited elsewhere: try it at what it uses
     w_target = w_used * 1.3 if 0 < w_used < 0.6 * wc else wc * 2.0
     out.append((RolePlan(w.count, wcpu(w_target)), p, "CPU per worker towards its use"))

@@ -99,6 +99,7 @@ class _Run:
     done: float = 0.0
     paused_until: float = 0.0
     config_since: float = 0.0
+    next_sample_s: float = INF  # end of the next steady speed window
     next_policy_s: float = INF
     version: int = 0
     hazard: float = 0.0
@@ -257,10 +258,73 @@ class Engine:
     def _ps_mem(self, run: _Run, n: float) -> np.ndarray:
         return run.job.truth.ps_memory_used(len(run.ps), n) if run.ps else np.zeros(0)
 
+    def _new_window(self, run: _Run, t: float) -> None:
+        """The configuration changed at ``t``: speed windows restart."""
+        run.config_since = t
+        run.next_sample_s = t + self.cfg.sample_window_s
+
+    def _emit_samples(self, run: _Run, t: float) -> None:
+        """One ``Sample`` per steady window ending in (t_last, t] (the state is constant
+        there): what a master's metrics loop records whether or not the policy is called.
+        Only the last ``keep_samples`` windows are built (the rest would be dropped)."""
+        window = self.cfg.sample_window_s
+        g0 = run.next_sample_s
+        n = int((t - g0) // window) + 1
+        run.next_sample_s = g0 + n * window
+        steady = run.x > 0 and len(run.up_workers) == len(run.workers)
+        if not steady or run.plan is None:
+            return
+        skip = max(0, n - self.cfg.keep_samples)
+        truth = run.job.truth
+        ps_util = None
+        if run.p_used.size:
+            ps_util = max(
+                int(float(u) * 1000) / nd.res.cpu_millicores
+                for u, nd in zip(run.p_used, run.ps, strict=False)
+            )
+        w_utils = [
+            int(float(u) * 1000) / nd.res.cpu_millicores
+            for u, nd in zip(run.w_used, run.up_workers, strict=False)
+        ]
+        w_util = sum(w_utils) / len(w_utils) if w_utils else 0.0
+        gs = g0 + window * np.arange(skip, n)
+        noise = np.exp(run.rng_noise.normal(0.0, truth.noise_sigma, size=gs.size))
+        done = np.minimum(float(run.job.samples_total), run.done + run.x * (gs - run.t_last))
+        ids = truth.emb_k * np.maximum(done, 0.0) ** truth.emb_beta
+        p = len(run.ps)
+        pmax = (
+            truth.ps_base_memory_mib
+            + float(truth.memory_shares(p).max()) * (truth.dense_memory_mib + ids * truth.row_mib)
+            if p
+            else None
+        )
+        w, wc = len(run.workers), run.plan.workers.resources.cpu_cores
+        pc = run.plan.ps.resources.cpu_cores
+        for i in range(gs.size):
+            run.samples.append(
+                Sample(
+                    workers=w,
+                    ps=p,
+                    worker_cpu_cores=wc,
+                    ps_cpu_cores=pc,
+                    throughput_sps=run.x * float(noise[i]),
+                    batch_size=run.job.batch_size,
+                    worker_memory_mib=truth.worker_memory_mib,
+                    ps_memory_mib=float(pmax[i]) if pmax is not None else None,
+                    ps_cpu_util=ps_util,
+                    worker_cpu_util=w_util,
+                    timestamp_s=float(gs[i]),
+                )
+            )
+        if len(run.samples) > self.cfg.keep_samples:
+            del run.samples[: -self.cfg.keep_samples]
+
     def _advance(self, run: _Run, t: float) -> None:
         dt = t - run.t_last
         if dt <= 0:
             return
+        if run.next_sample_s <= t:
+            self._emit_samples(run, t)
         n0 = run.done
         run.done = min(float(run.job.samples_total), run.done + run.x * dt)
         run.cpu_used_cs += run.cpu_used * dt
@@ -364,7 +428,7 @@ class Engine:
             run.scaling_ops += 1
             pause = self.cfg.ps_pause_s if ps_changed else self.cfg.worker_pause_s
             run.paused_until = max(run.paused_until, t + pause)
-            run.config_since = t
+            self._new_window(run, t)
         self._refresh(run, t)
         return True
 
@@ -442,40 +506,17 @@ class Engine:
         obs = self._observe(run, t)
         run.observations.append(obs)
         del run.observations[: -self.cfg.keep_observations]
-        steady = (
-            run.x > 0
-            and t - run.config_since >= self.cfg.sample_window_s
-            and len(run.up_workers) == len(run.workers)
-            and run.plan is not None
-        )
-        if steady and run.plan is not None:
-            pm = self._ps_mem(run, run.done)
-            run.samples.append(
-                Sample(
-                    workers=len(run.workers),
-                    ps=len(run.ps),
-                    worker_cpu_cores=run.plan.workers.resources.cpu_cores,
-                    ps_cpu_cores=run.plan.ps.resources.cpu_cores,
-                    throughput_sps=obs.throughput_sps,
-                    batch_size=run.job.batch_size,
-                    worker_memory_mib=run.job.truth.worker_memory_mib,
-                    ps_memory_mib=float(pm.max()) if pm.size else None,
-                    ps_cpu_util=max(n.cpu_util for n in obs.of(Role.PS))
-                    if run.p_used.size
-                    else None,
-                    worker_cpu_util=float(np.mean([n.cpu_util for n in obs.of(Role.WORKER)])),
-                    timestamp_s=t,
-                )
-            )
-            del run.samples[: -self.cfg.keep_samples]
         assert run.plan is not None
         new = self.policy.replan(run.view, run.plan, run.observations, run.samples, t)
         if new is not None and self._valid(run, new) and not new.same_allocation(run.plan):
             self._apply(run, new, t)
         elif run.pending_plan is not None:
             self._apply(run, run.pending_plan, t)
-        interval = self.policy.interval_s
-        run.next_policy_s = t + interval if interval else INF
+        self._pace(run, t)
+
+    def _pace(self, run: _Run, t: float) -> None:
+        nxt = self.policy.next_call_s(run.view, t)
+        run.next_policy_s = INF if nxt is None else max(nxt, t + 1.0)
 
     # ---- exits ---------------------------------------------------------------------------
     def _finish(self, run: _Run, t: float, ok: bool, reason: str = "") -> None:
@@ -533,13 +574,13 @@ class Engine:
                     if group[node.node_id] is node:
                         node.down_until = t + self.cfg.relaunch_delay_s
                         node.down_since = t
-                    run.config_since = t
+                    self._new_window(run, t)
                 self._refresh(run, t)
                 return
         if dec.relaunch or (dec.plan is not None):
             new_res = dec.resources or node.res
             node.restarts += 1
-            run.config_since = t
+            self._new_window(run, t)
             if new_res != node.res:
                 d_cpu = new_res.cpu_millicores - node.res.cpu_millicores
                 d_mem = new_res.memory_mib - node.res.memory_mib
@@ -601,15 +642,14 @@ class Engine:
         self.running.add(run.job.index)
         run.start_s = t
         run.t_last = t
-        run.config_since = t
+        self._new_window(run, t)
         run.last_progress_s = t
         run.hazard_next = float(run.rng_fail.exponential())
         plan = run.plan
         run.plan = None
         assert plan is not None
         self._apply(run, plan, t)
-        interval = self.policy.interval_s
-        run.next_policy_s = t + interval if interval else INF
+        self._pace(run, t)
 
     def _try_admit(self, t: float) -> None:
         for idx in sorted(self.running):

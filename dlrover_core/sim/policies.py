@@ -4,7 +4,8 @@ A policy sees only what a real system sees: the job as submitted (``JobView``), 
 of earlier runs of the same signature, live ``Observation``s and steady-window ``Sample``s, and
 node exits with their class. Only the ``oracle`` is handed the hidden truth.
 
-Register more with ``register_policy(name, factory)`` (the lead registers ``dlrover-rm``).
+The table of runnable policies is built explicitly by ``registry.policy_factories()``;
+``register_policy(name, factory)`` adds a user's own policy to it.
 """
 
 from __future__ import annotations
@@ -65,18 +66,15 @@ class JobView:
     dense_features: int
     submit_s: float
 
-    def to_spec(self) -> Any:
-        """The JobSpec a user would have written for this job."""
-        from dlrover_core.sim.spec_bridge import job_view_to_spec
-
-        return job_view_to_spec(self)
-
 
 class Policy(Protocol):
-    """A resource policy. ``interval_s`` paces ``replan`` (None: never called)."""
+    """A resource policy. ``next_call_s`` paces ``replan`` (None: not called again); the
+    built-in ones call it every ``interval_s`` (see :class:`FixedInterval`)."""
 
     name: str
     interval_s: float | None
+
+    def next_call_s(self, job: JobView, now_s: float) -> float | None: ...
 
     def initial_plan(
         self, job: JobView, history: Sequence[HistoryRecord], now_s: float
@@ -109,11 +107,21 @@ class TruthAware(Protocol):
     def bind_truths(self, truths: dict[str, JobTruth]) -> None: ...
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {}
+class FixedInterval:
+    """``replan`` every ``interval_s`` seconds of simulated time (None: never)."""
+
+    interval_s: float | None = None
+
+    def next_call_s(self, job: JobView, now_s: float) -> float | None:
+        return None if self.interval_s is None else now_s + self.interval_s
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {}  # a user's own policies (none built in)
 
 
 def register_policy(name: str, factory: Callable[[], Policy]) -> None:
-    """Make ``name`` available to ``simulate``; a later registration replaces an earlier one."""
+    """Make a user's policy ``name`` available to ``simulate`` (a later registration
+    replaces an earlier one or a built-in of the same name)."""
     POLICIES[name] = factory
 
 
@@ -168,7 +176,7 @@ def _relaunch_same(*_: Any) -> RelaunchDecision:
 
 
 # ---- manual -------------------------------------------------------------------------------
-class ManualPolicy:
+class ManualPolicy(FixedInterval):
     """The user's request, unchanged; failed nodes relaunch at the same size."""
 
     name = "manual"
@@ -228,12 +236,17 @@ class _DecayingHistogram:
         self.add_many(np.array([value]), t, weight)
 
     def percentile(self, q: float) -> float:
+        return self.percentiles((q,))[0]
+
+    def percentiles(self, qs: Sequence[float]) -> list[float]:
         cw = np.cumsum(self.w)
-        i = int(np.searchsorted(cw, q * cw[-1]))
-        return float(self.first * self.ratio ** (min(i, self.n_buckets - 1) + 1))
+        idx = np.searchsorted(cw, np.asarray(qs) * cw[-1])
+        return [
+            float(self.first * self.ratio ** (min(int(i), self.n_buckets - 1) + 1)) for i in idx
+        ]
 
 
-class VpaPolicy:
+class VpaPolicy(FixedInterval):
     """Kubernetes VPA recommender: per-container requests from decaying usage histograms.
 
     Target = p90 x 1.15, lower bound p50 x 1.15, upper bound p95 x 1.15 x 2 (VPA's confidence
@@ -300,11 +313,13 @@ class VpaPolicy:
             if cpu_h is None or mem_h is None or not cpu_h.count:
                 new_roles[role] = rp
                 continue
-            cpu_target = cpu_h.percentile(0.9) * self.margin
-            mem_target = mem_h.percentile(0.9) * self.margin
+            c50, c90, c95 = cpu_h.percentiles((0.5, 0.9, 0.95))
+            m50, m90, m95 = mem_h.percentiles((0.5, 0.9, 0.95))
+            cpu_target = c90 * self.margin
+            mem_target = m90 * self.margin
             cur = rp.resources
-            cpu_lo, cpu_hi = cpu_h.percentile(0.5) * self.margin, cpu_h.percentile(0.95) * 2.3
-            mem_lo, mem_hi = mem_h.percentile(0.5) * self.margin, mem_h.percentile(0.95) * 2.3
+            cpu_lo, cpu_hi = c50 * self.margin, c95 * 2.3
+            mem_lo, mem_hi = m50 * self.margin, m95 * 2.3
             outside = not (cpu_lo <= cur.cpu_millicores <= cpu_hi) or not (
                 mem_lo <= cur.memory_mib <= mem_hi
             )
@@ -345,7 +360,7 @@ class VpaPolicy:
 
 
 # ---- Autopilot ----------------------------------------------------------------------------
-class AutopilotPolicy:
+class AutopilotPolicy(FixedInterval):
     """Google Autopilot-style moving-window recommender per recurring job.
 
     CPU request = p95 of per-node usage over the window x 1.1; memory = max over the window
@@ -464,7 +479,7 @@ class AutopilotPolicy:
 
 
 # ---- Optimus ------------------------------------------------------------------------------
-class OptimusPolicy:
+class OptimusPolicy(FixedInterval):
     """Optimus (EuroSys'18): fit f(p, w) = w / (θ0 + θ1·w/p + θ2·w + θ3·p) from the job's own
     samples (NNLS on w/X), then greedily add the worker or PS with the larger marginal gain per
     core while the gain stays positive and the quota allows. Per-node CPU/memory stay the
@@ -574,7 +589,7 @@ class OptimusPolicy:
 
 
 # ---- oracle -------------------------------------------------------------------------------
-class OraclePolicy:
+class OraclePolicy(FixedInterval):
     """Knows each job's truth: starts at ``JobTruth.oracle_config`` and never changes."""
 
     name = "oracle"
@@ -623,10 +638,3 @@ class OraclePolicy:
         relaunches: int,
     ) -> RelaunchDecision:
         return _relaunch_same()
-
-
-register_policy("manual", ManualPolicy)
-register_policy("vpa", VpaPolicy)
-register_policy("autopilot", AutopilotPolicy)
-register_policy("optimus", OptimusPolicy)
-register_policy("oracle", OraclePolicy)

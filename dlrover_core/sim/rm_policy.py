@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dlrover_core.errors import DLRoverError
 from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy, ps_oom_action
 from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
 from dlrover_core.planner.planner import default_model_factory
-from dlrover_core.sim.policies import JobView, RelaunchDecision, register_policy
+from dlrover_core.sim.policies import JobView, RelaunchDecision
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (
     HistoryRecord,
@@ -33,14 +34,37 @@ class _Job:
     prior: list[Sample] = field(default_factory=list)  # from earlier runs (history)
     samples: list[Sample] = field(default_factory=list)  # this run's, all of them
     last_sample_s: float = float("-inf")
+    next_check_s: float | None = None  # the planner's own pacing hint
+
+
+PER_CONFIG = 8  # speed samples kept per configuration (the most recent)
+
+
+def _bounded(samples: Sequence[Sample], per_config: int = PER_CONFIG) -> list[Sample]:
+    """The most recent ``per_config`` samples of each configuration, in their order: more
+    replicates of one configuration barely move the fit but cost every refit."""
+    seen: dict[tuple[int, int, float, float], int] = {}
+    keep: list[Sample] = []
+    for s in reversed(samples):
+        n = seen.get(s.config, 0)
+        if n < per_config:
+            seen[s.config] = n + 1
+            keep.append(s)
+    keep.reverse()
+    return keep
 
 
 def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]:
-    """Refit only when the samples changed (a master refits on new samples, not per tick)."""
-    cache: dict[tuple[int, float | None], ThroughputModel | DLRoverError] = {}
+    """Refit only when the evidence changed: a new configuration, or one that has fewer
+    than ``PER_CONFIG`` samples gained one (incremental: a full configuration's newest
+    replicate does not trigger a refit)."""
+    cache: dict[tuple[tuple[tuple[int, int, float, float], int], ...], Any] = {}
 
     def factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
-        key = (len(samples), samples[-1].timestamp_s if samples else None)
+        counts: dict[tuple[int, int, float, float], int] = {}
+        for s in samples:
+            counts[s.config] = min(PER_CONFIG, counts.get(s.config, 0) + 1)
+        key = tuple(sorted(counts.items()))
         hit = cache.get(key)
         if hit is None:
             try:
@@ -59,6 +83,7 @@ def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]
 class DLRoverRMPolicy:
     name = "dlrover-rm"
     interval_s: float | None = 60.0
+    monitor_s: float = 300.0
 
     def __init__(
         self, config: PlannerConfig | None = None, faults: FaultPolicy = DEFAULT_FAULT_POLICY
@@ -84,7 +109,7 @@ class DLRoverRMPolicy:
             dataclasses.replace(r, signature=key) for r in history if r.signature == job.signature
         ]
         plan = st.planner.initial_plan(recs, now_s)
-        st.prior = st.planner.history_samples(recs, now_s)
+        st.prior = _bounded(st.planner.history_samples(recs, now_s))
         st.plans.append(plan)
         return plan
 
@@ -100,15 +125,31 @@ class DLRoverRMPolicy:
         if observations:
             for n in observations[-1].of(Role.PS):
                 st.ps_memory_seen[n.node_id] = n.memory_used_mib
+        fresh = False
         for s in samples:  # the engine keeps a bounded window; the master keeps them all
             ts = s.timestamp_s if s.timestamp_s is not None else now_s
             if ts > st.last_sample_s:
                 st.samples.append(s)
                 st.last_sample_s = ts
+                fresh = True
+        if fresh and len(st.samples) > 4 * PER_CONFIG:
+            st.samples = _bounded(st.samples)
         d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
+        st.next_check_s = d.next_check_s
         if d.plan is not None:
             st.plans.append(d.plan)
         return d.plan
+
+    def next_call_s(self, job: JobView, now_s: float) -> float | None:
+        """Every sample window while the planner waits for speed samples; when it says
+        nothing can change before a time, then (at most ``monitor_s`` later: stage 3 still
+        watches for hot, pending and memory-bound nodes)."""
+        step = self.interval_s or 60.0
+        st = self._jobs.get(job.name)
+        hint = st.next_check_s if st is not None else None
+        if hint is None:
+            return now_s + step
+        return min(max(hint, now_s + step), now_s + self.monitor_s)
 
     def on_node_exit(
         self,
@@ -143,6 +184,3 @@ class DLRoverRMPolicy:
         if not d.relaunch:
             return RelaunchDecision(False, None, None, d.reason)
         return RelaunchDecision(True, d.resources, None, d.reason)
-
-
-register_policy("dlrover-rm", DLRoverRMPolicy)

@@ -9,16 +9,15 @@ core-seconds while running) ÷ (the oracle configuration's true throughput per a
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from dlrover_core.sim import dlrover_oss
 from dlrover_core.sim.engine import Engine, EngineConfig, cluster_capacity
 from dlrover_core.sim.policies import POLICIES
+from dlrover_core.sim.registry import policy_factories, unavailable_policies
 from dlrover_core.sim.trace import TraceJob, generate_trace
 
 METRICS = (
@@ -40,32 +39,21 @@ PAPER_CLAIMS = {
 }
 
 
-def _load_optional_policies() -> None:
-    """Register ``dlrover-rm`` (the lead's ``sim/rm_policy.py``) when it is importable."""
-    with contextlib.suppress(ImportError):
-        import dlrover_core.sim.rm_policy  # noqa: F401  (registers itself)
-
-
 def available_policies() -> list[str]:
-    _load_optional_policies()
-    return list(POLICIES)
+    return list(policy_factories(POLICIES))
 
 
-def unavailable_policies() -> dict[str, str]:
-    """Known peers that cannot run here, with the reason (e.g. the optional dlrover extra)."""
-    if dlrover_oss.DLROVER_OSS_UNAVAILABLE:
-        return {"dlrover-oss": dlrover_oss.DLROVER_OSS_UNAVAILABLE}
-    return {}
+__all__ = ["available_policies", "format_table", "run_policy", "simulate", "unavailable_policies"]
 
 
 def run_policy(
     jobs: Sequence[TraceJob], name: str, seed: int, config: EngineConfig | None = None
 ) -> dict[str, Any]:
     """Simulate one policy; returns its metrics plus per-job outcomes under ``"jobs"``."""
-    _load_optional_policies()
-    if name not in POLICIES:
-        raise KeyError(f"unknown policy {name!r}; registered: {', '.join(POLICIES)}")
-    policy = POLICIES[name]()
+    table = policy_factories(POLICIES)
+    if name not in table:
+        raise KeyError(f"unknown policy {name!r}; registered: {', '.join(table)}")
+    policy = table[name]()
     bind = getattr(policy, "bind_truths", None)
     if bind is not None:
         bind({j.name: j.truth for j in jobs})
@@ -113,6 +101,8 @@ def run_policy(
 
 
 _JOBS: list[TraceJob] = []
+# the slowest policies first, so that a pool of two processes balances
+_COST_ORDER = {"dlrover-rm": 0, "vpa": 1, "dlrover-oss": 2, "autopilot": 3, "optimus": 4}
 
 
 def _worker(args: tuple[str, int]) -> tuple[str, dict[str, Any]]:
@@ -129,11 +119,11 @@ def simulate(
 ) -> dict[str, Any]:
     """Run ``policies`` (default: every registered one) on one generated trace."""
     global _JOBS
-    _load_optional_policies()
-    names = list(policies) if policies else available_policies()
-    unknown = [n for n in names if n not in POLICIES]
+    table = policy_factories(POLICIES)
+    names = list(policies) if policies else list(table)
+    unknown = [n for n in names if n not in table]
     if unknown:
-        raise KeyError(f"unknown policies {unknown}; registered: {', '.join(POLICIES)}")
+        raise KeyError(f"unknown policies {unknown}; registered: {', '.join(table)}")
     jobs = generate_trace(n_jobs, seed)
     for j in jobs:  # warm the oracle cache before forking
         j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
@@ -143,7 +133,7 @@ def simulate(
         ctx = mp.get_context("fork")
         with ctx.Pool(min(processes, len(names))) as pool:
             # replanning policies take longest: start them first so two processes balance
-            order = sorted(names, key=lambda n: getattr(POLICIES[n], "interval_s", None) is None)
+            order = sorted(names, key=lambda n: _COST_ORDER.get(n, 9))
             for name, res in pool.imap_unordered(_worker, [(n, seed) for n in order]):
                 results[name] = res
     else:

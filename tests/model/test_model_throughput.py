@@ -260,34 +260,49 @@ def test_heldout_mape_on_smooth_min_truth() -> None:
 # ---------------------------------------------------------------- identifiability & errors
 
 
-def test_too_few_configs_says_how_many_and_what_to_do() -> None:
-    train, _ = split()
-    samples = make_samples(train[:4] * 3, ps_truth(PS_COEF), noise=0.01)  # 12 rows, 4 configs
-    model = PSThroughputModel()
-    assert not model.is_identifiable(samples)
-    assert PSThroughputModel.min_configs == 5
+def test_one_configuration_says_how_many_and_what_to_do() -> None:
+    samples = make_samples([(2, 1, 4.0, 4.0)] * 3, ps_truth(PS_COEF), noise=0.01)
     with pytest.raises(TooFewSamplesError) as err:
-        model.fit(samples)
+        PSThroughputModel().fit(samples)
     msg = str(err.value)
-    assert "at least 5" in msg and "got 4" in msg and "12 samples" in msg
+    assert "at least 2" in msg and "got 1" in msg and "3 samples" in msg
     assert "dlrover-rm profile" in msg
 
 
-def test_configs_that_do_not_vary_enough_are_not_identifiable() -> None:
-    configs = [(w, p, 4.0, 4.0) for w in (1, 2, 4, 8) for p in (1, 2, 4)]  # CPUs never change
-    samples = make_samples(configs, ps_truth(PS_COEF))
-    assert not PSThroughputModel().is_identifiable(samples)
-    with pytest.raises(TooFewSamplesError, match="worker_cpu, ps_cpu never changed"):
-        PSThroughputModel().fit(samples)
+def test_samples_varying_only_counts_fit_inside_their_span() -> None:
+    """An Optimus-style profile (workers x PS at fixed CPUs) used to be refused (rank 3 < 5):
+    the identifiable part is fitted, predictions at the profiled CPUs are served (exact on an
+    exact truth), and a prediction that moves a CPU that never varied is refused."""
+    configs = [(w, p, 4.0, 4.0) for w in (1, 2, 4, 8) for p in (1, 2, 4)]
+    truth = ps_truth(PS_COEF)
+    samples = make_samples(configs, truth)
+    model = PSThroughputModel()
+    assert not model.is_identifiable(samples)  # not every coefficient
+    model.fit(samples)
+    assert not model.full_rank_
+    assert model.fixed_inputs_ == {"worker_cpu": 4.0, "ps_cpu": 4.0}
+    assert set(model.identified_) < set(PSThroughputModel.feature_names)
+    test = [(16, 4, 4.0, 4.0), (3, 3, 4.0, 4.0), (6, 2, 4.0, 4.0)]
+    pred = model.predict_many(np.array(test, dtype=float))
+    true = np.array([truth(*c) for c in test])
+    np.testing.assert_allclose(pred, true, rtol=1e-6)
+    with pytest.raises(InputError) as err:
+        model.predict(2, 1, 8.0, 4.0)
+    assert "worker_cpu never varied" in str(err.value.problems)
+    back = PSThroughputModel.from_dict(model.to_dict())
+    assert back.fixed_inputs_ == model.fixed_inputs_
+    with pytest.raises(InputError):
+        back.predict_many(np.array([[2, 1, 4.0, 8.0]]))
 
 
-def test_allreduce_needs_three_worker_counts() -> None:
+def test_allreduce_with_two_worker_counts_fits_what_they_identify() -> None:
     configs = [(w, 0, float(lw), 0.0) for w in (1, 2) for lw in (1, 2, 4)]
     samples = make_samples(configs, allreduce_truth)
-    assert AllReduceThroughputModel.min_configs == 4
     assert not AllReduceThroughputModel().is_identifiable(samples)
-    with pytest.raises(TooFewSamplesError, match="rank"):
-        AllReduceThroughputModel().fit(samples)
+    model = AllReduceThroughputModel().fit(samples)
+    assert not model.full_rank_ and model.fixed_inputs_ == {}
+    pred = model.predict_many(np.array([[2, 0, 3.0, 0.0]]))
+    assert pred[0] == pytest.approx(allreduce_truth(2, 0, 3.0, 0.0), rel=0.02)
 
 
 @pytest.mark.parametrize(

@@ -70,10 +70,11 @@ CURRENT = make_plan((2, 1000, 2048), (1, 2000, 4096), created_at_s=0.0)
 # --- stage 2: sampling first, then the model ---------------------------------------------------
 
 
-def test_sampling_proposes_distinct_configs_until_five_then_the_model() -> None:
+def test_sampling_proposes_a_new_config_until_the_partial_model_serves() -> None:
     """Profiling nothing: each re-plan adds min_speed_samples (2) samples of the running
-    configuration. The PS model has 5 coefficients, so it cannot be fitted before 5 distinct
-    configurations are sampled; until then the planner proposes a new one each time."""
+    configuration. One configuration identifies nothing, so the planner samples a second;
+    from two on, the identifiable part of the model is fitted and serves inside its span
+    (issue 10: sampling pays for itself), so sampling stops well before five configs."""
     spec = make_spec()
     planner = Planner(spec)
     plan = planner.initial_plan(now_s=0.0)
@@ -92,8 +93,8 @@ def test_sampling_proposes_distinct_configs_until_five_then_the_model() -> None:
         history.append(plan)
     sampled = [d.plan for d in decisions[:-1]]
     assert all(p is not None and p.stage is Stage.SAMPLING for p in sampled)
-    # 5 distinct configurations at least; more when the first ones leave an input unvaried
-    assert 4 <= len(sampled) <= planner.config.max_sampling_configs - 1
+    assert 1 <= len(sampled) <= planner.config.max_sampling_configs
+    assert all(p is not None and p.action.startswith("sample:") for p in sampled)
     keys = [key_of(history[0])] + [key_of(p) for p in sampled if p is not None]
     assert len(set(keys)) == len(keys), keys  # every proposal is new
     assert all(
@@ -102,8 +103,8 @@ def test_sampling_proposes_distinct_configs_until_five_then_the_model() -> None:
     )
     assert all(p is not None and p.total.fits_in(spec.quota.resources) for p in sampled)
     last = decisions[-1]
-    assert last.model is not None  # fitted from exactly 5 configurations
-    assert last.model.n_configs_ == 5
+    assert last.model is not None  # fitted from the sampled configurations
+    assert last.model.n_configs_ == len(sampled) + 1
     assert last.plan is None or last.plan.stage is Stage.SCALING
 
 
@@ -339,12 +340,15 @@ def test_plans_round_trip_through_json() -> None:
 
 
 def _median_ms(fn: Any, n: int = 50) -> float:
+    """Median CPU time of one call (this thread's): on a machine shared with other
+    processes, wall time measures the neighbours (65 ms wall vs 9 ms CPU measured at a load
+    of 16 on 2 cores); on an idle machine the two agree."""
     fn()  # warm-up (imports, caches)
     times = []
     for _ in range(n):
-        t = time.perf_counter()
+        t = time.thread_time()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(time.thread_time() - t)
     return statistics.median(times) * 1000
 
 
@@ -432,5 +436,11 @@ def test_configurations_measured_by_past_runs_are_not_sampled_again() -> None:
         WB, [tuple(k / 1000 if i > 1 else k for i, k in enumerate(key_of(d1.plan)))], 2
     )
     d2 = planner.replan(plan, [], here, now_s=10.0, past_plans=[plan], prior_samples=prior)
-    assert d2.plan is not None and d2.plan.stage is Stage.SAMPLING
-    assert key_of(d2.plan) != key_of(d1.plan)  # the past run measured d1's configuration
+    # the past run measured d1's configuration: it is reused (the model fits both), never
+    # sampled again
+    assert d2.model is not None and d2.model.n_configs_ == 2
+    assert (
+        d2.plan is None
+        or d2.plan.stage is not Stage.SAMPLING
+        or (key_of(d2.plan) != key_of(d1.plan))
+    )

@@ -11,7 +11,6 @@ import pytest
 
 from dlrover_core.sim import (
     PAI_COLUMNS,
-    POLICIES,
     Engine,
     cluster_capacity,
     generate_trace,
@@ -19,6 +18,7 @@ from dlrover_core.sim import (
     simulate,
     trace_to_rows,
 )
+from dlrover_core.sim.registry import policy_factories
 from dlrover_core.sim.trace import TraceJob
 
 BASELINES = ["manual", "vpa", "autopilot", "optimus", "oracle"]
@@ -38,7 +38,7 @@ def _run(name: str, n: int = 120, seed: int = 3) -> dict[str, Any]:
 def test_conservation_laws(name: str) -> None:
     jobs = _trace(120, 3)
     cap = cluster_capacity(jobs)
-    engine = Engine(jobs, POLICIES[name](), cap, seed=3)
+    engine = Engine(jobs, policy_factories()[name](), cap, seed=3)
     engine.run()
     # never more allocated than the cluster has
     assert engine.max_alloc.fits_in(cap)
@@ -132,7 +132,7 @@ def test_dlrover_oss_peer_runs_or_is_reported_unavailable() -> None:
     from dlrover_core.sim.runner import unavailable_policies
 
     if "dlrover-oss" in unavailable_policies():
-        assert "dlrover-oss" not in POLICIES
+        assert "dlrover-oss" not in policy_factories()
         pytest.skip(unavailable_policies()["dlrover-oss"])
     m = run_policy(_trace(60, 4), "dlrover-oss", 4)
     assert 0 < m["completion_rate"] <= 1 and m["scaling_ops"] > 0
