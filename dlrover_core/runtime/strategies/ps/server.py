@@ -1,7 +1,8 @@
 """A parameter server: one shard of the embedding tables and of the dense parameters.
 
-:class:`PSShard` is the state (no IO): per table a growable float32 matrix with an Adagrad
-accumulator and an id → row index. Rows are created the first time an id is pulled (or
+:class:`PSShard` is the state (no IO): per table a growable float32 matrix with the
+optimizer's slots (:mod:`.optim`: Adagrad, Adam or SGD, torch's update rules) and an id → row
+index. Rows are created the first time an id is pulled (or
 pushed), with a deterministic initial value drawn from a hash of (seed, table, id), so PS memory
 grows the way it does in CTR training and a row re-created anywhere starts the same.
 
@@ -10,6 +11,11 @@ grows the way it does in CTR training and a row re-created anywhere starts the s
 =========== ====================================================== ==========================
 method      request                                                reply
 =========== ====================================================== ==========================
+Step        one worker step: fields push_tables, push_dims,         array values (rows of ids,
+            push_counts, tables, dims, counts, opt, lr, want_dense, in ``transfer`` precision);
+            transfer; arrays push_ids, push_grads, ids,            ``d:<name>`` per dense
+            ``dg:<name>`` per dense gradient. Applies the pushes,  parameter if want_dense;
+            then reads.                                            fields step
 Pull        fields tables, dims, counts; array ids (concatenated)  array values (flat float32)
 Push        fields tables, dims, counts, [lr]; arrays ids, grads   fields step
 PullDense   fields [names]                                         one array per parameter
@@ -45,21 +51,24 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
+from dlrover_core.runtime.strategies.ps import optim
 from dlrover_core.runtime.strategies.ps.partition import as_uint64, splitmix64, table_salt
 
 log = logging.getLogger(__name__)
 
 SERVICE = "dlrover.PS"
 DEFAULT_LR = 0.05
-DEFAULT_EPS = 1e-8
+DEFAULT_EPS = optim.DEFAULT_EPS["adagrad"]
 DEFAULT_INIT_STD = 0.01
 _MIN_CAPACITY = 1024
 _GROWTH = 1.5
@@ -115,22 +124,41 @@ def _search(keys: I64, vals: I64, q: I64) -> I64:
 # --- the state -------------------------------------------------------------------------------
 
 
+def _t(a: npt.NDArray[Any]) -> torch.Tensor:
+    """A torch view of a writable numpy array (no copy)."""
+    return torch.from_numpy(a)
+
+
+def _f32(a: npt.ArrayLike, shape: tuple[int, ...]) -> torch.Tensor:
+    """A float32 tensor of ``a`` (copied only when it is read-only, e.g. a wire buffer, or of
+    another dtype)."""
+    arr = np.asarray(a)
+    if arr.dtype != np.float32 or not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.array(arr, dtype=np.float32, order="C")
+    return torch.from_numpy(arr.reshape(shape))
+
+
 class _Table:
-    """One embedding table's rows on this PS.
+    """One embedding table's rows on this PS, with its optimizer state.
 
-    The id → row index is two sorted arrays (a large main level and a small delta level that
-    new ids are merged into, folded into the main level when it grows past 1/32 of it), so
-    lookups and inserts are vectorised binary searches and the index costs 16 bytes a row."""
+    Rows live in one float32 matrix grown geometrically (×1.5: a new id costs an amortised
+    O(1), never a copy of the table), the optimizer's slots (Adagrad: 1, Adam: 2, SGD: 0) in
+    matrices of the same shape. The id → row index is two sorted arrays (a large main level
+    and a small delta level that new ids are merged into, folded into the main level when it
+    grows past 1/32 of it), so lookups and inserts are vectorised binary searches and the index
+    costs 16 bytes a row. One lock per table: a step takes it once for its push and its pull."""
 
-    def __init__(self, name: str, dim: int, seed: int, init_std: float) -> None:
+    def __init__(self, name: str, dim: int, seed: int, init_std: float, opt: str) -> None:
         self.name = name
         self.dim = dim
         self.seed = seed
         self.init_std = init_std
         self.lock = threading.Lock()
         self.n = 0
+        self.opt = opt  # the optimizer the slots belong to
+        self.steps = 0  # updates applied (Adam's bias correction)
         self.weights: F32 = np.empty((0, dim), np.float32)
-        self.accum: F32 = np.empty((0, dim), np.float32)
+        self.slots: list[F32] = [np.empty((0, dim), np.float32) for _ in range(optim.SLOTS[opt])]
         self.row_ids: I64 = np.empty(0, np.int64)
         self._keys: I64 = np.empty(0, np.int64)
         self._rows: I64 = np.empty(0, np.int64)
@@ -139,19 +167,46 @@ class _Table:
 
     # callers hold self.lock for everything below
 
+    @property
+    def accum(self) -> F32:
+        """The optimizer state of the first n rows, slots side by side: ``[n, slots·dim]``."""
+        n = self.n
+        if not self.slots:
+            return np.empty((n, 0), np.float32)
+        if len(self.slots) == 1:
+            return self.slots[0][:n]
+        return np.concatenate([s[:n] for s in self.slots], axis=1)
+
     def _reserve(self, n: int) -> None:
         cap = self.weights.shape[0]
         if n <= cap:
             return
         new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
-        for attr in ("weights", "accum"):
-            old = getattr(self, attr)
+
+        def grow(old: F32) -> F32:
             new = np.empty((new_cap, self.dim), np.float32)
             new[: self.n] = old[: self.n]
-            setattr(self, attr, new)
+            return new
+
+        self.weights = grow(self.weights)
+        self.slots = [grow(s) for s in self.slots]
         ids = np.empty(new_cap, np.int64)
         ids[: self.n] = self.row_ids[: self.n]
         self.row_ids = ids
+
+    def use_optimizer(self, cfg: optim.OptimizerConfig) -> None:
+        """Make the slots fit ``cfg``: set once, on the first update of a table; a table that
+        was updated with one optimizer refuses another."""
+        if cfg.name == self.opt:
+            return
+        if self.steps > 0:
+            raise ValueError(
+                f"table {self.name!r} is trained with {self.opt} on this PS; this push asks for "
+                f"{cfg.name} (a job keeps one training.optimizer.name)"
+            )
+        cap = self.weights.shape[0]
+        self.slots = [np.zeros((cap, self.dim), np.float32) for _ in range(cfg.slots)]
+        self.opt = cfg.name
 
     def _index_insert(self, new_ids: I64, new_rows: I64) -> None:
         """Insert sorted, absent ``new_ids`` into the delta level."""
@@ -180,22 +235,57 @@ class _Table:
             self.weights[self.n : self.n + k] = init_rows(
                 self.name, new_ids, self.dim, self.seed, self.init_std
             )
-            self.accum[self.n : self.n + k] = 0.0
+            for s in self.slots:
+                s[self.n : self.n + k] = 0.0
             self.row_ids[self.n : self.n + k] = new_ids
             self.n += k
             rows[miss] = new_rows
             self._index_insert(new_ids, new_rows)
         return rows, k
 
+    def gather(self, ids: I64) -> tuple[F32, int]:
+        """Rows of ``ids`` (any order, duplicates allowed), creating absent ones."""
+        if ids.size == 0:
+            return np.empty((0, self.dim), np.float32), 0
+        if ids.size == 1 or bool(np.all(ids[1:] > ids[:-1])):
+            rows, created = self.rows_for(ids)
+            return self.weights[rows], created
+        uniq, inv = np.unique(ids, return_inverse=True)
+        rows, created = self.rows_for(uniq)
+        return self.weights[rows[inv]], created
+
+    def update(self, uniq: I64, grads: torch.Tensor, cfg: optim.OptimizerConfig) -> None:
+        """Apply ``cfg`` with the summed ``grads`` of the sorted unique ``uniq`` ids."""
+        self.use_optimizer(cfg)
+        rows, _ = self.rows_for(uniq)
+        self.steps += 1
+        optim.sparse_update(
+            cfg,
+            _t(self.weights),
+            [_t(s) for s in self.slots],
+            torch.from_numpy(rows),
+            grads,
+            self.steps,
+        )
+
     def load(self, state: ckpt.TableState) -> None:
         n = state.rows
         self.n = 0
+        self.opt = state.optimizer
+        self.steps = state.steps
+        slots = optim.SLOTS[self.opt]
+        if state.accum.shape != (n, slots * self.dim):
+            raise ckpt.CheckpointError(
+                f"table {self.name!r}: optimizer state of shape {state.accum.shape} does not fit "
+                f"{self.opt} ({n} rows × {slots} slots × dim {self.dim})"
+            )
         self.weights = np.empty((0, self.dim), np.float32)
-        self.accum = np.empty((0, self.dim), np.float32)
+        self.slots = [np.empty((0, self.dim), np.float32) for _ in range(slots)]
         self.row_ids = np.empty(0, np.int64)
         self._reserve(n)
         self.weights[:n] = state.weights
-        self.accum[:n] = state.accum
+        for j, s in enumerate(self.slots):
+            s[:n] = state.accum[:, j * self.dim : (j + 1) * self.dim]
         self.row_ids[:n] = state.ids
         self.n = n
         order = np.argsort(state.ids, kind="stable")
@@ -208,14 +298,20 @@ class _Table:
 
     def snapshot(self) -> ckpt.TableState:
         n = self.n
+        accum = self.accum
         return ckpt.TableState(
-            self.dim, self.row_ids[:n].copy(), self.weights[:n].copy(), self.accum[:n].copy()
+            self.dim,
+            self.row_ids[:n].copy(),
+            self.weights[:n].copy(),
+            accum.copy() if len(self.slots) == 1 else accum,
+            optimizer=self.opt,
+            steps=self.steps,
         )
 
     def allocated_bytes(self) -> int:
         return int(
             self.weights.nbytes
-            + self.accum.nbytes
+            + sum(s.nbytes for s in self.slots)
             + self.row_ids.nbytes
             + self._keys.nbytes
             + self._rows.nbytes
@@ -224,11 +320,42 @@ class _Table:
         )
 
 
+@dataclass
+class _Dense:
+    weight: F32
+    slots: list[F32]
+    opt: str
+    steps: int = 0
+
+    def use_optimizer(self, name: str, cfg: optim.OptimizerConfig) -> None:
+        if cfg.name == self.opt:
+            return
+        if self.steps > 0:
+            raise ValueError(
+                f"dense parameter {name!r} is trained with {self.opt} on this PS; this push asks "
+                f"for {cfg.name} (a job keeps one training.optimizer.name)"
+            )
+        self.slots = [np.zeros_like(self.weight) for _ in range(cfg.slots)]
+        self.opt = cfg.name
+
+    @property
+    def accum(self) -> F32:
+        if len(self.slots) == 1:
+            return self.slots[0]
+        return np.stack(self.slots) if self.slots else np.empty((0,), np.float32)
+
+
+def _config(opt: str | None, lr: float, eps: float | None) -> optim.OptimizerConfig:
+    name = opt or "adagrad"
+    return optim.OptimizerConfig(name, lr, eps if name == "adagrad" else None)
+
+
 class PSShard:
     """The parameters and optimizer state one PS holds; thread-safe (a lock per table).
 
-    Sparse and dense parameters are updated with Adagrad:
-    ``accum += g²; w -= lr · g / (sqrt(accum) + eps)``, duplicate ids summed first."""
+    Pushes apply the optimizer they name (Adagrad by default, Adam, SGD: :mod:`.optim`, torch's
+    update rules), duplicate ids summed first. ``eps`` overrides Adagrad's epsilon (default
+    torch's 1e-10)."""
 
     def __init__(
         self,
@@ -236,24 +363,30 @@ class PSShard:
         num_ps: int = 1,
         seed: int = 0,
         init_std: float = DEFAULT_INIT_STD,
-        eps: float = DEFAULT_EPS,
+        eps: float | None = None,
+        optimizer: str = "adagrad",
     ) -> None:
         self.index = index
         self.num_ps = num_ps
         self.seed = seed
         self.init_std = init_std
         self.eps = eps
+        self.optimizer = optim.OptimizerConfig(optimizer).name  # default for new tables
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
-        self._dense: dict[str, tuple[F32, F32]] = {}
+        self._dense: dict[str, _Dense] = {}
         self._dense_lock = threading.Lock()
         self._counter_lock = threading.Lock()
-        self.step = 0  # push calls applied (sparse or dense)
+        self.step = 0  # push calls applied (sparse or dense; a Step call counts once)
         self.version = 0  # changes of any kind, for "anything to checkpoint?"
         self.pull_calls = 0
         self.push_calls = 0
+        self.step_calls = 0
         self.pulled_ids = 0
         self.pushed_ids = 0
+
+    def config(self, opt: str | None = None, lr: float = DEFAULT_LR) -> optim.OptimizerConfig:
+        return _config(opt or self.optimizer, lr, self.eps)
 
     # --- tables ---
 
@@ -265,9 +398,20 @@ class PSShard:
             with self._tables_lock:
                 t = self._tables.get(name)
                 if t is None:
-                    t = self._tables[name] = _Table(name, dim, self.seed, self.init_std)
+                    t = self._tables[name] = _Table(
+                        name, dim, self.seed, self.init_std, self.optimizer
+                    )
         if t.dim != dim:
             raise ValueError(f"table {name!r} has dim {t.dim} on this PS, the caller says {dim}")
+        return t
+
+    def _table_for(self, name: str, dim: int | None, grads: Any = None) -> _Table:
+        t = self._tables.get(name) if dim is None else self.table(name, dim)
+        if t is None:
+            if grads is None:
+                raise ValueError(f"unknown table {name!r}: give its dim on first use")
+            g = np.asarray(grads)
+            t = self.table(name, int(g.shape[-1]) if g.ndim else 0)
         return t
 
     @property
@@ -285,10 +429,12 @@ class PSShard:
         pulled: int = 0,
         pushed: int = 0,
         changed: bool = False,
+        steps: int = 0,
     ) -> None:
         with self._counter_lock:
             self.pull_calls += pulls
             self.push_calls += pushes
+            self.step_calls += steps
             self.step += pushes
             self.pulled_ids += pulled
             self.pushed_ids += pushed
@@ -297,20 +443,9 @@ class PSShard:
 
     def _pull_one(self, table: str, ids: npt.ArrayLike, dim: int | None) -> tuple[F32, int]:
         i = np.asarray(ids, dtype=np.int64).reshape(-1)
-        t = self._tables.get(table) if dim is None else self.table(table, dim)
-        if t is None:
-            raise ValueError(f"unknown table {table!r}: give its dim on first use")
-        if i.size == 0:
-            return np.empty((0, t.dim), np.float32), 0
-        presorted = i.size == 1 or bool(np.all(i[1:] > i[:-1]))
-        if presorted:
-            with t.lock:
-                rows, created = t.rows_for(i)
-                return t.weights[rows], created
-        uniq, inv = np.unique(i, return_inverse=True)
+        t = self._table_for(table, dim)
         with t.lock:
-            rows, created = t.rows_for(uniq)
-            return t.weights[rows[inv]], created
+            return t.gather(i)
 
     def pull(self, table: str, ids: npt.ArrayLike, dim: int | None = None) -> F32:
         """Rows of ``ids``, shape ``ids.shape + (dim,)``; absent ids get their deterministic
@@ -331,23 +466,20 @@ class PSShard:
         return outs
 
     def _push_one(
-        self, table: str, ids: npt.ArrayLike, grads: npt.ArrayLike, lr: float, dim: int | None
+        self,
+        table: str,
+        ids: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        cfg: optim.OptimizerConfig,
+        dim: int | None,
     ) -> int:
-        t = self._tables.get(table) if dim is None else self.table(table, dim)
-        if t is None:
-            g = np.asarray(grads)
-            t = self.table(table, int(g.shape[-1]) if g.ndim else 0)
+        t = self._table_for(table, dim, grads)
         uniq, g = aggregate(ids, grads, t.dim)
         if uniq.size == 0:
             return 0
-        eps = np.float32(self.eps)
-        lr32 = np.float32(lr)
+        gt = _f32(g, (uniq.size, t.dim))
         with t.lock:
-            rows, _ = t.rows_for(uniq)
-            acc = t.accum[rows]
-            acc += g * g
-            t.accum[rows] = acc
-            t.weights[rows] -= lr32 * g / (np.sqrt(acc) + eps)
+            t.update(uniq, gt, cfg)
         return int(uniq.size)
 
     def push(
@@ -357,19 +489,67 @@ class PSShard:
         grads: npt.ArrayLike,
         lr: float = DEFAULT_LR,
         dim: int | None = None,
+        opt: str | None = None,
     ) -> None:
-        """Apply Adagrad with ``grads`` ([n, dim]) to the rows of ``ids``; duplicates are summed."""
-        n = self._push_one(table, ids, grads, lr, dim)
+        """Apply the optimizer with ``grads`` ([n, dim]) to the rows of ``ids``; duplicates are
+        summed. ``opt`` None: this shard's default optimizer."""
+        n = self._push_one(table, ids, grads, self.config(opt, lr), dim)
         self._count(pushes=1, pushed=n)
 
     def push_many(
         self,
         updates: Sequence[tuple[str, npt.ArrayLike, npt.ArrayLike, int | None]],
         lr: float = DEFAULT_LR,
+        opt: str | None = None,
     ) -> None:
         """Several tables in one step: ``[(table, ids, grads, dim), ...]``."""
-        n = sum(self._push_one(t, i, g, lr, d) for t, i, g, d in updates)
+        cfg = self.config(opt, lr)
+        n = sum(self._push_one(t, i, g, cfg, d) for t, i, g, d in updates)
         self._count(pushes=1, pushed=n)
+
+    def step_many(
+        self,
+        pushes: Sequence[tuple[str, I64, torch.Tensor, int]],
+        pulls: Sequence[tuple[str, I64, int]],
+        cfg: optim.OptimizerConfig,
+        dense_grads: Mapping[str, npt.ArrayLike] | None = None,
+        want_dense: bool = False,
+    ) -> tuple[list[F32], dict[str, F32]]:
+        """One worker step: apply ``pushes`` (per table: sorted unique ids, summed grads, dim)
+        and ``dense_grads``, then read ``pulls`` (per table: ids, dim) and, if ``want_dense``,
+        every dense parameter. Each table's lock is taken once, for its push and its pull."""
+        by_table: dict[str, list[Any]] = {}
+        for name, ids, g, dim in pushes:
+            by_table.setdefault(name, [dim, None, None])[1] = (ids, g)
+        for name, ids, dim in pulls:
+            by_table.setdefault(name, [dim, None, None])[2] = ids
+        got: dict[str, F32] = {}
+        pushed = pulled = created = 0
+        for name, (dim, push, pull) in by_table.items():
+            t = self.table(name, dim)
+            with t.lock:
+                if push is not None and push[0].size:
+                    t.update(push[0], push[1], cfg)
+                    pushed += int(push[0].size)
+                if pull is not None:
+                    got[name], c = t.gather(pull)
+                    created += c
+                    pulled += int(pull.size)
+        dense: dict[str, F32] = {}
+        if dense_grads:
+            self._apply_dense(dense_grads, cfg)
+        if want_dense:
+            dense = self.pull_dense()
+        has_push = bool(pushes) or bool(dense_grads)
+        self._count(
+            pushes=int(has_push),
+            pulled=pulled,
+            pushed=pushed,
+            changed=created > 0,
+            steps=1,
+            pulls=int(bool(pulls)),
+        )
+        return [got[name] for name, _, _ in pulls], dense
 
     # --- dense ---
 
@@ -381,7 +561,8 @@ class PSShard:
                 if name in self._dense:
                     continue
                 w = np.array(value, dtype=np.float32, copy=True)
-                self._dense[name] = (w, np.zeros_like(w))
+                slots = [np.zeros_like(w) for _ in range(optim.SLOTS[self.optimizer])]
+                self._dense[name] = _Dense(w, slots, self.optimizer)
                 created.append(name)
         if created:
             self._count(changed=True)
@@ -390,11 +571,11 @@ class PSShard:
     def pull_dense(self, names: Sequence[str] | None = None) -> dict[str, F32]:
         with self._dense_lock:
             keys = list(self._dense) if names is None else [n for n in names if n in self._dense]
-            return {n: self._dense[n][0].copy() for n in keys}
+            return {n: self._dense[n].weight.copy() for n in keys}
 
-    def push_dense(self, grads: Mapping[str, npt.ArrayLike], lr: float = DEFAULT_LR) -> None:
-        eps = np.float32(self.eps)
-        lr32 = np.float32(lr)
+    def _apply_dense(
+        self, grads: Mapping[str, npt.ArrayLike], cfg: optim.OptimizerConfig
+    ) -> None:
         with self._dense_lock:
             for name in grads:
                 if name not in self._dense:
@@ -402,10 +583,24 @@ class PSShard:
                         f"dense parameter {name!r} is not on PS {self.index}; init_dense it first"
                     )
             for name, grad in grads.items():
-                w, acc = self._dense[name]
-                g = np.asarray(grad, dtype=np.float32).reshape(w.shape)
-                acc += g * g
-                w -= lr32 * g / (np.sqrt(acc) + eps)
+                d = self._dense[name]
+                d.use_optimizer(name, cfg)
+                d.steps += 1
+                optim.dense_update(
+                    cfg,
+                    _t(d.weight),
+                    [_t(s) for s in d.slots],
+                    _f32(grad, d.weight.shape),
+                    d.steps,
+                )
+
+    def push_dense(
+        self,
+        grads: Mapping[str, npt.ArrayLike],
+        lr: float = DEFAULT_LR,
+        opt: str | None = None,
+    ) -> None:
+        self._apply_dense(grads, self.config(opt, lr))
         self._count(pushes=1)
 
     # --- state ---
@@ -419,24 +614,35 @@ class PSShard:
             with t.lock:
                 state.tables[name] = t.snapshot()
         with self._dense_lock:
-            for name, (w, acc) in self._dense.items():
-                state.dense[name] = ckpt.DenseState(w.copy(), acc.copy())
+            for name, d in self._dense.items():
+                state.dense[name] = ckpt.DenseState(
+                    d.weight.copy(), d.accum.copy(), optimizer=d.opt, steps=d.steps
+                )
         return state
 
     def restore(self, state: ckpt.ShardState) -> None:
         """Replace everything with ``state`` (index and num_ps stay this shard's)."""
         tables = {}
         for name, ts in state.tables.items():
-            t = _Table(name, ts.dim, self.seed, self.init_std)
+            t = _Table(name, ts.dim, self.seed, self.init_std, ts.optimizer)
             t.load(ts)
             tables[name] = t
+        dense = {}
+        for n, d in state.dense.items():
+            w = d.weight.astype(np.float32, copy=True)
+            k = optim.SLOTS[d.optimizer]
+            acc = d.accum.astype(np.float32, copy=True)
+            if acc.size != k * w.size:
+                raise ckpt.CheckpointError(
+                    f"dense parameter {n!r}: optimizer state of {acc.size} values does not fit "
+                    f"{d.optimizer} ({k} slots of {w.size})"
+                )
+            slots = [s.reshape(w.shape).copy() for s in acc.reshape(k, -1)] if k else []
+            dense[n] = _Dense(w, slots, d.optimizer, d.steps)
         with self._tables_lock:
             self._tables = tables
         with self._dense_lock:
-            self._dense = {
-                n: (d.weight.astype(np.float32, copy=True), d.accum.astype(np.float32, copy=True))
-                for n, d in state.dense.items()
-            }
+            self._dense = dense
         with self._counter_lock:
             self.step = state.step
             self.version += 1
@@ -453,18 +659,22 @@ class PSShard:
         for name, t in list(self._tables.items()):
             with t.lock:
                 n, alloc_t = t.n, t.allocated_bytes()
-            tables[name] = {"rows": n, "dim": t.dim}
+            tables[name] = {"rows": n, "dim": t.dim, "optimizer": t.opt}
             param += n * t.dim * 4
-            state_b += n * t.dim * 4
+            state_b += n * t.dim * 4 * (1 + len(t.slots))
             alloc += alloc_t
         with self._dense_lock:
-            dense_b = sum(w.nbytes for w, _ in self._dense.values())
+            dense_b = sum(d.weight.nbytes for d in self._dense.values())
+            dense_state_b = sum(
+                d.weight.nbytes * (1 + len(d.slots)) for d in self._dense.values()
+            )
             dense_n = len(self._dense)
         with self._counter_lock:
             counters = {
                 "step": self.step,
                 "pull_calls": self.pull_calls,
                 "push_calls": self.push_calls,
+                "step_calls": self.step_calls,
                 "pulled_ids": self.pulled_ids,
                 "pushed_ids": self.pushed_ids,
             }
@@ -475,8 +685,8 @@ class PSShard:
             "rows": sum(t["rows"] for t in tables.values()),
             "dense_params": dense_n,
             "param_bytes": param + dense_b,
-            "state_bytes": state_b + dense_b,
-            "allocated_bytes": alloc + 2 * dense_b,
+            "state_bytes": state_b + dense_state_b,
+            "allocated_bytes": alloc + dense_state_b,
             **counters,
         }
 
@@ -490,21 +700,30 @@ def _bad(message: str) -> wire.RpcError:
     return wire.RpcError(message, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
-    tables = list(msg.get("tables", []))
-    dims = [int(d) for d in msg.get("dims", [])]
-    counts = [int(c) for c in msg.get("counts", [])]
+def _split(
+    msg: wire.Message, prefix: str, with_grads: bool
+) -> list[tuple[str, Any, Any, int]]:
+    """Per table (name, ids, grads or None, dim) of the request's ``{prefix}tables`` etc."""
+    tables = list(msg.get(prefix + "tables", []))
+    dims = [int(d) for d in msg.get(prefix + "dims", [])]
+    counts = [int(c) for c in msg.get(prefix + "counts", [])]
     if not (len(tables) == len(dims) == len(counts)):
-        raise _bad("tables, dims and counts must have the same length")
-    ids = msg.arrays.get("ids", np.empty(0, np.int64))
+        raise _bad(f"{prefix}tables, {prefix}dims and {prefix}counts must have the same length")
+    if any(c < 0 for c in counts) or any(d < 1 for d in dims):
+        raise _bad(f"{prefix}counts must be >= 0 and {prefix}dims >= 1")
+    ids = msg.arrays.get(prefix + "ids", np.empty(0, np.int64))
+    if ids.dtype != np.int64:
+        raise _bad(f"{prefix}ids must be int64, got {ids.dtype}")
     if ids.size != sum(counts):
-        raise _bad(f"counts add up to {sum(counts)} but {ids.size} ids were sent")
-    grads = msg.arrays.get("grads") if with_grads else None
+        raise _bad(f"{prefix}counts add up to {sum(counts)} but {ids.size} ids were sent")
+    grads = None
     if with_grads:
+        grads = wire.as_float32(msg, prefix + "grads")
         want = sum(c * d for c, d in zip(counts, dims, strict=True))
         if grads is None or grads.size != want:
             got = None if grads is None else grads.size
             raise _bad(f"expected {want} gradient values, got {got}")
+        grads = grads.reshape(-1)
     out = []
     i = g = 0
     for name, dim, c in zip(tables, dims, counts, strict=True):
@@ -513,6 +732,16 @@ def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, 
         i += c
         g += c * dim
     return out
+
+
+def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
+    return _split(msg, "", with_grads)
+
+
+DENSE_GRAD = "dg:"
+"""Prefix of a dense gradient's array name in a Step request (``dg:<parameter name>``)."""
+DENSE_VALUE = "d:"
+"""Prefix of a dense parameter's array name in a Step reply."""
 
 
 class PSServer:
@@ -546,6 +775,7 @@ class PSServer:
 
     def handlers(self) -> dict[str, wire.Handler]:
         return {
+            "Step": self._step,
             "Pull": self._pull,
             "Push": self._push,
             "PullDense": self._pull_dense,
@@ -587,6 +817,41 @@ class PSServer:
 
     # handlers
 
+    def _cfg(self, msg: wire.Message) -> optim.OptimizerConfig:
+        lr = msg.get("lr")
+        try:
+            lr_f = float(lr if lr is not None else self.lr)
+            return self.shard.config(msg.get("opt"), lr_f)
+        except (TypeError, ValueError) as e:
+            raise _bad(str(e)) from e
+
+    def _step(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Push (sparse and dense), then pull (sparse and, if asked, dense): one round trip."""
+        cfg = self._cfg(msg)
+        pushes = []
+        for name, ids, g, dim in _split(msg, "push_", with_grads=True):
+            try:
+                uniq, agg = aggregate(ids, g, dim)
+            except ValueError as e:
+                raise _bad(str(e)) from e
+            pushes.append((name, uniq, _f32(agg, (uniq.size, dim)), dim))
+        pulls = [(name, ids, dim) for name, ids, _, dim in _split(msg, "", with_grads=False)]
+        dense_grads = {
+            k[len(DENSE_GRAD) :]: a for k, a in msg.arrays.items() if k.startswith(DENSE_GRAD)
+        }
+        try:
+            outs, dense = self.shard.step_many(
+                pushes, pulls, cfg, dense_grads, bool(msg.get("want_dense"))
+            )
+        except ValueError as e:
+            raise _bad(str(e)) from e
+        arrays: dict[str, Any] = {DENSE_VALUE + k: v for k, v in dense.items()}
+        transfer = msg.get("transfer") or "fp32"
+        if outs:
+            flat = np.concatenate(outs) if len(outs) > 1 else outs[0]
+            arrays["values"] = wire.encode_float(flat, transfer)
+        return {"step": self.shard.step, "transfer": transfer}, arrays
+
     def _pull(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
         reqs = _split_request(msg, with_grads=False)
         try:
@@ -598,11 +863,12 @@ class PSServer:
 
     def _push(self, msg: wire.Message) -> dict[str, Any]:
         reqs = _split_request(msg, with_grads=True)
-        lr = float(msg.get("lr") if msg.get("lr") is not None else self.lr)
+        cfg = self._cfg(msg)
         try:
-            self.shard.push_many([(n, i, g, d) for n, i, g, d in reqs], lr)
+            n = sum(self.shard._push_one(nm, i, g, cfg, d) for nm, i, g, d in reqs)
         except ValueError as e:
             raise _bad(str(e)) from e
+        self.shard._count(pushes=1, pushed=n)
         return {"step": self.shard.step}
 
     def _pull_dense(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -610,11 +876,12 @@ class PSServer:
         return {}, dict(self.shard.pull_dense(names))
 
     def _push_dense(self, msg: wire.Message) -> dict[str, Any]:
-        lr = float(msg.get("lr") if msg.get("lr") is not None else self.lr)
+        cfg = self._cfg(msg)
         try:
-            self.shard.push_dense(msg.arrays, lr)
+            self.shard._apply_dense(msg.arrays, cfg)
         except ValueError as e:
             raise _bad(str(e)) from e
+        self.shard._count(pushes=1)
         return {"step": self.shard.step}
 
     def _init_dense(self, msg: wire.Message) -> dict[str, Any]:
@@ -647,7 +914,6 @@ class PSServer:
             "pid": os.getpid(),
             "step": self.shard.step,
         }
-
 
 # --- where a PS process lives in the run directory -------------------------------------------
 
