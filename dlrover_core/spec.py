@@ -189,6 +189,11 @@ class TrainingSpec(_Strict):
     epochs: int | None = Field(default=1, gt=0)
     steps: int | None = Field(default=None, gt=0, description="global steps; overrides epochs")
     optimizer: OptimizerSpec = OptimizerSpec()
+    # PS data plane: a step's rows are read `staleness` steps ahead of it (prefetch, 0: none)
+    staleness: int = Field(default=1, ge=0, le=8, description="PS prefetch depth in steps")
+    transfer: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="precision of embedding rows and gradients on the wire"
+    )
 
 
 class RoleConstraints(_Strict):

@@ -67,7 +67,7 @@ def encode(
             }
         )
         if nbytes:
-            views.append(memoryview(arr.reshape(-1)).cast("B"))
+            views.append(memoryview(arr.reshape(-1)).cast("B"))  # type: ignore[arg-type]
         offset += nbytes
     header = json.dumps({**(fields or {}), "__arrays__": metas}, separators=(",", ":")).encode()
     return b"".join([_LEN.pack(len(header)), header, *views])

@@ -203,8 +203,12 @@ def test_without_overlapped_pushes_and_with_sparse_dense_pulls(
     w = job.worker(overlap_push=False, dense_sync_every=4)
     assert w.run() == EXIT_OK
     assert_all_done_once(job)
-    # every step pushed once: sparse and dense are one push call each on the one PS
-    assert job.ps[0].shard.push_calls == 2 * w.steps
+    # one round trip per step (its pull carries the previous step's push, sparse and dense
+    # together) plus one drain per shard; every step pushed exactly once
+    shard = job.ps[0].shard
+    assert shard.push_calls == w.steps
+    assert shard.step_calls == w.steps + w.shards_done
+    assert w.times.exchanges == shard.step_calls
 
 
 # --- PS set changes and failures -----------------------------------------------------------

@@ -573,9 +573,7 @@ class PSShard:
             keys = list(self._dense) if names is None else [n for n in names if n in self._dense]
             return {n: self._dense[n].weight.copy() for n in keys}
 
-    def _apply_dense(
-        self, grads: Mapping[str, npt.ArrayLike], cfg: optim.OptimizerConfig
-    ) -> None:
+    def _apply_dense(self, grads: Mapping[str, npt.ArrayLike], cfg: optim.OptimizerConfig) -> None:
         with self._dense_lock:
             for name in grads:
                 if name not in self._dense:
@@ -665,9 +663,7 @@ class PSShard:
             alloc += alloc_t
         with self._dense_lock:
             dense_b = sum(d.weight.nbytes for d in self._dense.values())
-            dense_state_b = sum(
-                d.weight.nbytes * (1 + len(d.slots)) for d in self._dense.values()
-            )
+            dense_state_b = sum(d.weight.nbytes * (1 + len(d.slots)) for d in self._dense.values())
             dense_n = len(self._dense)
         with self._counter_lock:
             counters = {
@@ -700,9 +696,7 @@ def _bad(message: str) -> wire.RpcError:
     return wire.RpcError(message, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-def _split(
-    msg: wire.Message, prefix: str, with_grads: bool
-) -> list[tuple[str, Any, Any, int]]:
+def _split(msg: wire.Message, prefix: str, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
     """Per table (name, ids, grads or None, dim) of the request's ``{prefix}tables`` etc."""
     tables = list(msg.get(prefix + "tables", []))
     dims = [int(d) for d in msg.get(prefix + "dims", [])]
@@ -720,6 +714,8 @@ def _split(
     if with_grads:
         grads = wire.as_float32(msg, prefix + "grads")
         want = sum(c * d for c, d in zip(counts, dims, strict=True))
+        if grads is None and want == 0:
+            grads = np.empty(0, np.float32)
         if grads is None or grads.size != want:
             got = None if grads is None else grads.size
             raise _bad(f"expected {want} gradient values, got {got}")
@@ -914,6 +910,7 @@ class PSServer:
             "pid": os.getpid(),
             "step": self.shard.step,
         }
+
 
 # --- where a PS process lives in the run directory -------------------------------------------
 
