@@ -875,7 +875,7 @@ class Worker:
         self._settle()
         while self._unpushed:
             try:
-                self._unpushed[0].push(self._ps)
+                self._exchange(self._unpushed[0].exchange(), None)
                 self._unpushed.pop(0)
             except PSUnavailable as e:
                 self._wait_for_ps(e)
