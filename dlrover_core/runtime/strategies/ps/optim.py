@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 NAMES = ("adagrad", "adam", "sgd")
@@ -60,10 +62,11 @@ def sparse_update(
     slots: list[torch.Tensor],
     rows: torch.Tensor,
     grads: torch.Tensor,
-    step: int,
+    step: int | npt.NDArray[np.int64],
 ) -> None:
     """Update ``weights[rows]`` (and the optimizer ``slots``) in place with the summed
-    ``grads`` of the unique ``rows``; ``step`` is the table's update count, this one included."""
+    ``grads`` of the unique ``rows``; ``step`` is the update count of the rows' table, this
+    one included (one for all, or per row when the rows come from several tables)."""
     lr = cfg.lr
     if cfg.name == "sgd":
         weights.index_add_(0, rows, grads, alpha=-lr)
@@ -84,6 +87,11 @@ def sparse_update(
     v.index_add_(0, rows, v_upd)
     numer = m_upd.add_(m_old)
     denom = v_upd.add_(v_old).sqrt_().add_(cfg.epsilon)
+    if isinstance(step, np.ndarray):
+        t = step.astype(np.float64)
+        size = torch.from_numpy((lr * np.sqrt(1 - b2**t) / (1 - b1**t)).astype(np.float32))
+        weights.index_add_(0, rows, numer.div_(denom).mul_(size[:, None]), alpha=-1.0)
+        return
     step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
     weights.index_add_(0, rows, numer.div_(denom), alpha=-step_size)
 

@@ -100,9 +100,7 @@ def aggregate(ids: npt.ArrayLike, grads: npt.ArrayLike, dim: int) -> tuple[I64, 
     return s[starts], np.add.reduceat(g[order], starts, axis=0)
 
 
-def init_rows(table: str, ids: I64, dim: int, seed: int = 0, std: float = DEFAULT_INIT_STD) -> F32:
-    """Deterministic normal(0, std) rows for ``ids``: a function of (seed, table, id) only."""
-    mix = splitmix64(np.array([seed], dtype=np.uint64))[0] ^ table_salt(table)
+def _init_mixed(mix: npt.NDArray[np.uint64], ids: I64, dim: int, std: float) -> F32:
     base = splitmix64(as_uint64(ids) ^ mix)
     cols = np.arange(1, dim + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
     x = splitmix64(base[:, None] ^ cols[None, :])
@@ -110,6 +108,15 @@ def init_rows(table: str, ids: I64, dim: int, seed: int = 0, std: float = DEFAUL
     u2 = (x & np.uint64(0xFFFFFFFF)).astype(np.float64) * (1.0 / 4294967296.0)
     z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
     return (z * std).astype(np.float32)
+
+
+def _mix(table: str, seed: int) -> np.uint64:
+    return np.uint64(splitmix64(np.array([seed], dtype=np.uint64))[0] ^ table_salt(table))
+
+
+def init_rows(table: str, ids: I64, dim: int, seed: int = 0, std: float = DEFAULT_INIT_STD) -> F32:
+    """Deterministic normal(0, std) rows for ``ids``: a function of (seed, table, id) only."""
+    return _init_mixed(np.full(len(ids), _mix(table, seed), np.uint64), ids, dim, std)
 
 
 def _search(keys: I64, vals: I64, q: I64) -> I64:
@@ -138,75 +145,139 @@ def _f32(a: npt.ArrayLike, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.from_numpy(arr.reshape(shape))
 
 
+class _Arena:
+    """The rows of every table of one dim on this PS, with their optimizer slots.
+
+    One float32 matrix for the weights and one per optimizer slot (Adagrad: 1, Adam: 2, SGD:
+    0), grown geometrically (×1.5: a new id costs an amortised O(1), never a copy of the
+    table per id). Sharing it across tables makes a step's lookups and its optimizer update a
+    few vectorised torch index ops for all its tables together. ``lock`` guards it and the
+    indexes of its tables: a step takes it once for its push and its pull."""
+
+    def __init__(self, dim: int, opt: str) -> None:
+        self.dim = dim
+        self.lock = threading.Lock()
+        self.n = 0
+        self.opt = opt
+        self.updated = False
+        self.weights: F32 = np.empty((0, dim), np.float32)
+        self.slots: list[F32] = [np.empty((0, dim), np.float32) for _ in range(optim.SLOTS[opt])]
+
+    def alloc(self, k: int) -> I64:
+        """``k`` new rows (slots zeroed; the caller writes their weights)."""
+        n = self.n + k
+        cap = self.weights.shape[0]
+        if n > cap:
+            new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
+
+            def grow(old: F32) -> F32:
+                new = np.empty((new_cap, self.dim), np.float32)
+                new[: self.n] = old[: self.n]
+                return new
+
+            self.weights = grow(self.weights)
+            self.slots = [grow(s) for s in self.slots]
+        for s in self.slots:
+            s[self.n : n] = 0.0
+        rows = np.arange(self.n, n, dtype=np.int64)
+        self.n = n
+        return rows
+
+    def use_optimizer(self, cfg: optim.OptimizerConfig, what: str) -> None:
+        """Make the slots fit ``cfg``: set on the first update; once updated with one
+        optimizer, another is refused."""
+        if cfg.name == self.opt:
+            return
+        if self.updated:
+            raise ValueError(
+                f"{what} is trained with {self.opt} on this PS; this push asks for {cfg.name} "
+                "(a job keeps one training.optimizer.name)"
+            )
+        cap = self.weights.shape[0]
+        self.slots = [np.zeros((cap, self.dim), np.float32) for _ in range(cfg.slots)]
+        self.opt = cfg.name
+
+    def update(
+        self,
+        rows: I64,
+        grads: torch.Tensor,
+        cfg: optim.OptimizerConfig,
+        steps: npt.NDArray[np.int64] | int,
+    ) -> None:
+        """Apply ``cfg`` to the unique ``rows`` with their summed ``grads``; ``steps`` is the
+        update count of each row's table (per row, or one for all)."""
+        self.use_optimizer(cfg, "this table")
+        self.updated = True
+        optim.sparse_update(
+            cfg,
+            _t(self.weights),
+            [_t(s) for s in self.slots],
+            torch.from_numpy(rows),
+            grads,
+            steps,
+        )
+
+    def allocated_bytes(self) -> int:
+        return int(self.weights.nbytes + sum(s.nbytes for s in self.slots))
+
+
 class _Table:
-    """One embedding table's rows on this PS, with its optimizer state.
+    """One embedding table on this PS: its id → arena row index and its update count.
 
-    Rows live in one float32 matrix grown geometrically (×1.5: a new id costs an amortised
-    O(1), never a copy of the table), the optimizer's slots (Adagrad: 1, Adam: 2, SGD: 0) in
-    matrices of the same shape. The id → row index is two sorted arrays (a large main level
-    and a small delta level that new ids are merged into, folded into the main level when it
-    grows past 1/32 of it), so lookups and inserts are vectorised binary searches and the index
-    costs 16 bytes a row. One lock per table: a step takes it once for its push and its pull."""
+    The index is two sorted arrays (a large main level and a small delta level that new ids
+    are merged into, folded into the main level when it grows past 1/32 of it), so lookups and
+    inserts are vectorised binary searches and the index costs 16 bytes a row. The caller
+    holds ``arena.lock``."""
 
-    def __init__(self, name: str, dim: int, seed: int, init_std: float, opt: str) -> None:
+    def __init__(self, name: str, dim: int, seed: int, init_std: float, arena: _Arena) -> None:
         self.name = name
         self.dim = dim
         self.seed = seed
         self.init_std = init_std
-        self.lock = threading.Lock()
+        self.arena = arena
+        self.mix = _mix(name, seed)
         self.n = 0
-        self.opt = opt  # the optimizer the slots belong to
         self.steps = 0  # updates applied (Adam's bias correction)
-        self.weights: F32 = np.empty((0, dim), np.float32)
-        self.slots: list[F32] = [np.empty((0, dim), np.float32) for _ in range(optim.SLOTS[opt])]
-        self.row_ids: I64 = np.empty(0, np.int64)
+        self.row_ids: I64 = np.empty(0, np.int64)  # id of each of this table's rows
+        self.arena_rows: I64 = np.empty(0, np.int64)  # and where it lives in the arena
         self._keys: I64 = np.empty(0, np.int64)
         self._rows: I64 = np.empty(0, np.int64)
         self._dkeys: I64 = np.empty(0, np.int64)
         self._drows: I64 = np.empty(0, np.int64)
 
-    # callers hold self.lock for everything below
+    @property
+    def lock(self) -> threading.Lock:
+        return self.arena.lock
+
+    @property
+    def opt(self) -> str:
+        return self.arena.opt
+
+    @property
+    def weights(self) -> F32:
+        """This table's rows, in row order (a copy)."""
+        return self.arena.weights[self.arena_rows[: self.n]]
 
     @property
     def accum(self) -> F32:
-        """The optimizer state of the first n rows, slots side by side: ``[n, slots·dim]``."""
-        n = self.n
-        if not self.slots:
-            return np.empty((n, 0), np.float32)
-        if len(self.slots) == 1:
-            return self.slots[0][:n]
-        return np.concatenate([s[:n] for s in self.slots], axis=1)
+        """This table's optimizer state, slots side by side: ``[n, slots·dim]`` (a copy)."""
+        r = self.arena_rows[: self.n]
+        if not self.arena.slots:
+            return np.empty((self.n, 0), np.float32)
+        return np.concatenate([s[r] for s in self.arena.slots], axis=1)
 
-    def _reserve(self, n: int) -> None:
-        cap = self.weights.shape[0]
-        if n <= cap:
-            return
-        new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
-
-        def grow(old: F32) -> F32:
-            new = np.empty((new_cap, self.dim), np.float32)
-            new[: self.n] = old[: self.n]
-            return new
-
-        self.weights = grow(self.weights)
-        self.slots = [grow(s) for s in self.slots]
-        ids = np.empty(new_cap, np.int64)
-        ids[: self.n] = self.row_ids[: self.n]
-        self.row_ids = ids
-
-    def use_optimizer(self, cfg: optim.OptimizerConfig) -> None:
-        """Make the slots fit ``cfg``: set once, on the first update of a table; a table that
-        was updated with one optimizer refuses another."""
-        if cfg.name == self.opt:
-            return
-        if self.steps > 0:
-            raise ValueError(
-                f"table {self.name!r} is trained with {self.opt} on this PS; this push asks for "
-                f"{cfg.name} (a job keeps one training.optimizer.name)"
-            )
-        cap = self.weights.shape[0]
-        self.slots = [np.zeros((cap, self.dim), np.float32) for _ in range(cfg.slots)]
-        self.opt = cfg.name
+    def _append(self, new_ids: I64, new_rows: I64) -> None:
+        n, k = self.n, new_ids.size
+        if n + k > self.row_ids.size:
+            cap = max(n + k, int(self.row_ids.size * _GROWTH), _MIN_CAPACITY)
+            ids = np.empty(cap, np.int64)
+            ids[:n] = self.row_ids[:n]
+            rows = np.empty(cap, np.int64)
+            rows[:n] = self.arena_rows[:n]
+            self.row_ids, self.arena_rows = ids, rows
+        self.row_ids[n : n + k] = new_ids
+        self.arena_rows[n : n + k] = new_rows
+        self.n = n + k
 
     def _index_insert(self, new_ids: I64, new_rows: I64) -> None:
         """Insert sorted, absent ``new_ids`` into the delta level."""
@@ -220,28 +291,33 @@ class _Table:
             self._dkeys = np.empty(0, np.int64)
             self._drows = np.empty(0, np.int64)
 
-    def rows_for(self, uniq: I64) -> tuple[I64, int]:
-        """Rows of the sorted unique ``uniq`` ids, creating absent ones; returns (rows, created)."""
+    def lookup(self, uniq: I64) -> tuple[I64, I64, I64]:
+        """Arena rows of the sorted unique ``uniq`` ids, creating absent ones (their weights
+        not written yet): ``(rows, new ids, their rows)``."""
         rows = _search(self._keys, self._rows, uniq)
         miss = rows < 0
         if self._dkeys.size and miss.any():
             rows[miss] = _search(self._dkeys, self._drows, uniq[miss])
             miss = rows < 0
         k = int(np.count_nonzero(miss))
-        if k:
-            new_ids = uniq[miss]
-            new_rows = np.arange(self.n, self.n + k, dtype=np.int64)
-            self._reserve(self.n + k)
-            self.weights[self.n : self.n + k] = init_rows(
+        if not k:
+            return rows, uniq[:0], rows[:0]
+        new_ids = uniq[miss]
+        new_rows = self.arena.alloc(k)
+        rows[miss] = new_rows
+        self._append(new_ids, new_rows)
+        self._index_insert(new_ids, new_rows)
+        return rows, new_ids, new_rows
+
+    def rows_for(self, uniq: I64) -> tuple[I64, int]:
+        """Arena rows of the sorted unique ``uniq`` ids, creating (and initialising) absent
+        ones; returns (rows, created)."""
+        rows, new_ids, new_rows = self.lookup(uniq)
+        if new_ids.size:
+            self.arena.weights[new_rows] = init_rows(
                 self.name, new_ids, self.dim, self.seed, self.init_std
             )
-            for s in self.slots:
-                s[self.n : self.n + k] = 0.0
-            self.row_ids[self.n : self.n + k] = new_ids
-            self.n += k
-            rows[miss] = new_rows
-            self._index_insert(new_ids, new_rows)
-        return rows, k
+        return rows, int(new_ids.size)
 
     def gather(self, ids: I64) -> tuple[F32, int]:
         """Rows of ``ids`` (any order, duplicates allowed), creating absent ones."""
@@ -249,70 +325,59 @@ class _Table:
             return np.empty((0, self.dim), np.float32), 0
         if ids.size == 1 or bool(np.all(ids[1:] > ids[:-1])):
             rows, created = self.rows_for(ids)
-            return self.weights[rows], created
+            return self.arena.weights[rows], created
         uniq, inv = np.unique(ids, return_inverse=True)
         rows, created = self.rows_for(uniq)
-        return self.weights[rows[inv]], created
+        return self.arena.weights[rows[inv]], created
 
     def update(self, uniq: I64, grads: torch.Tensor, cfg: optim.OptimizerConfig) -> None:
         """Apply ``cfg`` with the summed ``grads`` of the sorted unique ``uniq`` ids."""
-        self.use_optimizer(cfg)
+        self.arena.use_optimizer(cfg, f"table {self.name!r}")
         rows, _ = self.rows_for(uniq)
         self.steps += 1
-        optim.sparse_update(
-            cfg,
-            _t(self.weights),
-            [_t(s) for s in self.slots],
-            torch.from_numpy(rows),
-            grads,
-            self.steps,
-        )
+        self.arena.update(rows, grads, cfg, self.steps)
 
     def load(self, state: ckpt.TableState) -> None:
+        """Fill this (new, empty) table from ``state`` (the arena takes its optimizer)."""
         n = state.rows
-        self.n = 0
-        self.opt = state.optimizer
-        self.steps = state.steps
-        slots = optim.SLOTS[self.opt]
+        self.arena.use_optimizer(optim.OptimizerConfig(state.optimizer), f"table {self.name!r}")
+        slots = optim.SLOTS[self.arena.opt]
         if state.accum.shape != (n, slots * self.dim):
             raise ckpt.CheckpointError(
                 f"table {self.name!r}: optimizer state of shape {state.accum.shape} does not fit "
-                f"{self.opt} ({n} rows × {slots} slots × dim {self.dim})"
+                f"{state.optimizer} ({n} rows × {slots} slots × dim {self.dim})"
             )
-        self.weights = np.empty((0, self.dim), np.float32)
-        self.slots = [np.empty((0, self.dim), np.float32) for _ in range(slots)]
-        self.row_ids = np.empty(0, np.int64)
-        self._reserve(n)
-        self.weights[:n] = state.weights
-        for j, s in enumerate(self.slots):
-            s[:n] = state.accum[:, j * self.dim : (j + 1) * self.dim]
-        self.row_ids[:n] = state.ids
-        self.n = n
+        if state.steps > 0:
+            self.arena.updated = True
+        self.steps = state.steps
+        rows = self.arena.alloc(n)
+        self.arena.weights[rows] = state.weights
+        for j, s in enumerate(self.arena.slots):
+            s[rows] = state.accum[:, j * self.dim : (j + 1) * self.dim]
+        self.n = 0
+        self._append(np.ascontiguousarray(state.ids, dtype=np.int64), rows)
         order = np.argsort(state.ids, kind="stable")
         self._keys = np.ascontiguousarray(state.ids[order], dtype=np.int64)
-        self._rows = order.astype(np.int64)
+        self._rows = rows[order]
         self._dkeys = np.empty(0, np.int64)
         self._drows = np.empty(0, np.int64)
         if n and bool(np.any(self._keys[1:] == self._keys[:-1])):
             raise ckpt.CheckpointError(f"table {self.name!r}: duplicate ids in the restored state")
 
     def snapshot(self) -> ckpt.TableState:
-        n = self.n
-        accum = self.accum
         return ckpt.TableState(
             self.dim,
-            self.row_ids[:n].copy(),
-            self.weights[:n].copy(),
-            accum.copy() if len(self.slots) == 1 else accum,
+            self.row_ids[: self.n].copy(),
+            self.weights,
+            self.accum,
             optimizer=self.opt,
             steps=self.steps,
         )
 
     def allocated_bytes(self) -> int:
         return int(
-            self.weights.nbytes
-            + sum(s.nbytes for s in self.slots)
-            + self.row_ids.nbytes
+            self.row_ids.nbytes
+            + self.arena_rows.nbytes
             + self._keys.nbytes
             + self._rows.nbytes
             + self._dkeys.nbytes
@@ -373,7 +438,8 @@ class PSShard:
         self.eps = eps
         self.optimizer = optim.OptimizerConfig(optimizer).name  # default for new tables
         self._tables: dict[str, _Table] = {}
-        self._tables_lock = threading.Lock()
+        self._arenas: dict[int, _Arena] = {}
+        self._tables_lock = threading.RLock()
         self._dense: dict[str, _Dense] = {}
         self._dense_lock = threading.Lock()
         self._counter_lock = threading.Lock()
@@ -390,6 +456,13 @@ class PSShard:
 
     # --- tables ---
 
+    def _arena(self, dim: int) -> _Arena:
+        a = self._arenas.get(dim)
+        if a is None:
+            with self._tables_lock:
+                a = self._arenas.setdefault(dim, _Arena(dim, self.optimizer))
+        return a
+
     def table(self, name: str, dim: int) -> _Table:
         t = self._tables.get(name)
         if t is None:
@@ -399,7 +472,7 @@ class PSShard:
                 t = self._tables.get(name)
                 if t is None:
                     t = self._tables[name] = _Table(
-                        name, dim, self.seed, self.init_std, self.optimizer
+                        name, dim, self.seed, self.init_std, self._arena(dim)
                     )
         if t.dim != dim:
             raise ValueError(f"table {name!r} has dim {t.dim} on this PS, the caller says {dim}")
@@ -507,49 +580,87 @@ class PSShard:
         n = sum(self._push_one(t, i, g, cfg, d) for t, i, g, d in updates)
         self._count(pushes=1, pushed=n)
 
+    def _lookup_all(self, arena: _Arena, segs: Sequence[tuple[_Table, I64]]) -> tuple[I64, int]:
+        """Arena rows of each segment's sorted unique ids, in order; new rows initialised in
+        one vectorised call for all tables. The caller holds ``arena.lock``."""
+        parts, mixes, new_ids, new_rows = [], [], [], []
+        for t, ids in segs:
+            r, ni, nr = t.lookup(ids)
+            parts.append(r)
+            if ni.size:
+                mixes.append(np.full(ni.size, t.mix, np.uint64))
+                new_ids.append(ni)
+                new_rows.append(nr)
+        if new_ids:
+            arena.weights[np.concatenate(new_rows)] = _init_mixed(
+                np.concatenate(mixes), np.concatenate(new_ids), arena.dim, self.init_std
+            )
+        created = sum(a.size for a in new_ids)
+        if not parts:
+            return np.empty(0, np.int64), created
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0]), created
+
     def step_many(
         self,
-        pushes: Sequence[tuple[str, I64, torch.Tensor, int]],
+        pushes: Sequence[tuple[str, I64, int]],
+        push_grads: torch.Tensor | None,
         pulls: Sequence[tuple[str, I64, int]],
         cfg: optim.OptimizerConfig,
         dense_grads: Mapping[str, npt.ArrayLike] | None = None,
         want_dense: bool = False,
-    ) -> tuple[list[F32], dict[str, F32]]:
-        """One worker step: apply ``pushes`` (per table: sorted unique ids, summed grads, dim)
-        and ``dense_grads``, then read ``pulls`` (per table: ids, dim) and, if ``want_dense``,
-        every dense parameter. Each table's lock is taken once, for its push and its pull."""
-        by_table: dict[str, list[Any]] = {}
-        for name, ids, g, dim in pushes:
-            by_table.setdefault(name, [dim, None, None])[1] = (ids, g)
-        for name, ids, dim in pulls:
-            by_table.setdefault(name, [dim, None, None])[2] = ids
-        got: dict[str, F32] = {}
+    ) -> tuple[F32 | None, dict[str, F32]]:
+        """One worker step: apply ``pushes`` (per table: its *sorted unique* ids and dim; their
+        summed gradients concatenated in ``push_grads`` ``[Σ ids, dim]``) and ``dense_grads``,
+        then read ``pulls`` (per table: sorted unique ids, dim; rows returned concatenated in
+        that order) and, if ``want_dense``, every dense parameter.
+
+        All tables of one dim share an arena: the step takes its lock once, looks the ids up
+        table by table, and does the optimizer update and the read as one vectorised op each."""
+        dims = {d for _, _, d in pushes} | {d for _, _, d in pulls}
+        if len(dims) > 1:
+            raise ValueError(f"one step's tables must share one dim; got {sorted(dims)}")
+        values: F32 | None = None
         pushed = pulled = created = 0
-        for name, (dim, push, pull) in by_table.items():
-            t = self.table(name, dim)
-            with t.lock:
-                if push is not None and push[0].size:
-                    t.update(push[0], push[1], cfg)
-                    pushed += int(push[0].size)
-                if pull is not None:
-                    got[name], c = t.gather(pull)
+        if dims:
+            dim = dims.pop()
+            push_t = [(self.table(n, d), ids) for n, ids, d in pushes]
+            pull_t = [(self.table(n, d), ids) for n, ids, d in pulls]
+            arena = self._arena(dim)
+            with arena.lock:
+                if push_t and push_grads is not None and push_grads.shape[0]:
+                    arena.use_optimizer(cfg, f"table {push_t[0][0].name!r}")
+                    rows, c = self._lookup_all(arena, push_t)
                     created += c
-                    pulled += int(pull.size)
+                    steps: npt.NDArray[np.int64] | int = 0
+                    for t, ids in push_t:
+                        if ids.size:
+                            t.steps += 1
+                    if cfg.name == "adam":
+                        steps = np.repeat(
+                            np.array([t.steps for t, _ in push_t], np.int64),
+                            [ids.size for _, ids in push_t],
+                        )
+                    arena.update(rows, push_grads, cfg, steps)
+                    pushed = int(rows.size)
+                if pull_t:
+                    rows, c = self._lookup_all(arena, pull_t)
+                    created += c
+                    values = arena.weights[rows]
+                    pulled = int(rows.size)
         dense: dict[str, F32] = {}
         if dense_grads:
             self._apply_dense(dense_grads, cfg)
         if want_dense:
             dense = self.pull_dense()
-        has_push = bool(pushes) or bool(dense_grads)
         self._count(
-            pushes=int(has_push),
+            pushes=int(pushed > 0 or bool(dense_grads)),
             pulled=pulled,
             pushed=pushed,
             changed=created > 0,
             steps=1,
             pulls=int(bool(pulls)),
         )
-        return [got[name] for name, _, _ in pulls], dense
+        return values, dense
 
     # --- dense ---
 
@@ -621,8 +732,10 @@ class PSShard:
     def restore(self, state: ckpt.ShardState) -> None:
         """Replace everything with ``state`` (index and num_ps stay this shard's)."""
         tables = {}
+        arenas: dict[int, _Arena] = {}
         for name, ts in state.tables.items():
-            t = _Table(name, ts.dim, self.seed, self.init_std, ts.optimizer)
+            arena = arenas.setdefault(ts.dim, _Arena(ts.dim, ts.optimizer))
+            t = _Table(name, ts.dim, self.seed, self.init_std, arena)
             t.load(ts)
             tables[name] = t
         dense = {}
@@ -639,6 +752,7 @@ class PSShard:
             dense[n] = _Dense(w, slots, d.optimizer, d.steps)
         with self._tables_lock:
             self._tables = tables
+            self._arenas = arenas
         with self._dense_lock:
             self._dense = dense
         with self._counter_lock:
@@ -659,8 +773,11 @@ class PSShard:
                 n, alloc_t = t.n, t.allocated_bytes()
             tables[name] = {"rows": n, "dim": t.dim, "optimizer": t.opt}
             param += n * t.dim * 4
-            state_b += n * t.dim * 4 * (1 + len(t.slots))
+            state_b += n * t.dim * 4 * (1 + len(t.arena.slots))
             alloc += alloc_t
+        for arena in list(self._arenas.values()):
+            with arena.lock:
+                alloc += arena.allocated_bytes()
         with self._dense_lock:
             dense_b = sum(d.weight.nbytes for d in self._dense.values())
             dense_state_b = sum(d.weight.nbytes * (1 + len(d.slots)) for d in self._dense.values())
@@ -728,6 +845,11 @@ def _split(msg: wire.Message, prefix: str, with_grads: bool) -> list[tuple[str, 
         i += c
         g += c * dim
     return out
+
+
+def _segments_sorted_unique(parts: Sequence[I64]) -> bool:
+    """Whether every part is strictly increasing (sorted, no duplicates)."""
+    return all(p.size < 2 or bool(np.all(p[1:] > p[:-1])) for p in parts)
 
 
 def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
@@ -822,30 +944,62 @@ class PSServer:
             raise _bad(str(e)) from e
 
     def _step(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Push (sparse and dense), then pull (sparse and, if asked, dense): one round trip."""
+        """Push (sparse and dense), then pull (sparse and, if asked, dense): one round trip.
+
+        The worker sends each table's ids sorted and unique (its :class:`StepPlan` does); a
+        request that does not is still served right, through a slower path."""
         cfg = self._cfg(msg)
-        pushes = []
-        for name, ids, g, dim in _split(msg, "push_", with_grads=True):
-            try:
-                uniq, agg = aggregate(ids, g, dim)
-            except ValueError as e:
-                raise _bad(str(e)) from e
-            pushes.append((name, uniq, _f32(agg, (uniq.size, dim)), dim))
-        pulls = [(name, ids, dim) for name, ids, _, dim in _split(msg, "", with_grads=False)]
+        push_parts = _split(msg, "push_", with_grads=True)
+        pull_parts = _split(msg, "", with_grads=False)
+        pushes: list[tuple[str, I64, int]] = []
+        grads: torch.Tensor | None = None
+        if push_parts:
+            dim = push_parts[0][3]
+            if _segments_sorted_unique([p[1] for p in push_parts]) and all(
+                p[3] == dim for p in push_parts
+            ):
+                pushes = [(n, i, d) for n, i, _, d in push_parts]
+                flat = wire.as_float32(msg, "push_grads")
+                assert flat is not None
+                grads = _f32(flat, (-1, dim))
+            else:
+                gs = []
+                for name, ids, g, d in push_parts:
+                    try:
+                        uniq, agg = aggregate(ids, g, d)
+                    except ValueError as e:
+                        raise _bad(str(e)) from e
+                    pushes.append((name, uniq, d))
+                    gs.append(agg)
+                grads = _f32(np.concatenate(gs), (-1, dim)) if gs else None
+        pulls = [(n, i, d) for n, i, _, d in pull_parts]
+        expand: I64 | None = None
+        if pulls and not _segments_sorted_unique([p[1] for p in pulls]):
+            uniq_pulls, invs, off = [], [], 0
+            for name, ids, d in pulls:
+                u, inv = np.unique(ids, return_inverse=True)
+                uniq_pulls.append((name, u, d))
+                invs.append(inv + off)
+                off += u.size
+            pulls, expand = uniq_pulls, np.concatenate(invs)
         dense_grads = {
             k[len(DENSE_GRAD) :]: a for k, a in msg.arrays.items() if k.startswith(DENSE_GRAD)
         }
         try:
-            outs, dense = self.shard.step_many(
-                pushes, pulls, cfg, dense_grads, bool(msg.get("want_dense"))
+            values, dense = self.shard.step_many(
+                pushes, grads, pulls, cfg, dense_grads, bool(msg.get("want_dense"))
             )
         except ValueError as e:
             raise _bad(str(e)) from e
         arrays: dict[str, Any] = {DENSE_VALUE + k: v for k, v in dense.items()}
         transfer = msg.get("transfer") or "fp32"
-        if outs:
-            flat = np.concatenate(outs) if len(outs) > 1 else outs[0]
-            arrays["values"] = wire.encode_float(flat, transfer)
+        if values is not None:
+            if expand is not None:
+                values = values[expand]
+            try:
+                arrays["values"] = wire.encode_float(values, transfer)
+            except ValueError as e:
+                raise _bad(str(e)) from e
         return {"step": self.shard.step, "transfer": transfer}, arrays
 
     def _pull(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
