@@ -80,16 +80,15 @@ TRANSFERS = ("fp32", "bf16", "fp16")
 
 def encode_float(a: npt.NDArray[np.float32], transfer: str) -> npt.NDArray[Any]:
     """``a`` as sent in ``transfer`` precision: float32 as is, float16, or bfloat16 bit
-    patterns (uint16; rounded to nearest even by torch)."""
+    patterns (uint16: the top half of the float32, rounded to nearest even, as torch rounds)."""
     if transfer == "fp32":
         return a
     if transfer == "fp16":
         return np.asarray(a, dtype=np.float16)
     if transfer == "bf16":
-        import torch
-
-        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-        return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+        rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))  # to even
+        return (rounded >> np.uint32(16)).astype(np.uint16)
     raise ValueError(f"unknown transfer precision {transfer!r}; use one of {list(TRANSFERS)}")
 
 
@@ -100,10 +99,7 @@ def decode_float(a: npt.NDArray[Any], transfer: str) -> npt.NDArray[np.float32]:
     if a.dtype.kind == "f":
         return a.astype(np.float32)
     if a.dtype == np.uint16 and transfer == "bf16":
-        import torch
-
-        bits = torch.from_numpy(a.view(np.int16).copy())
-        return bits.view(torch.bfloat16).to(torch.float32).numpy()
+        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
     raise ValueError(f"cannot read a {a.dtype} array as float (transfer {transfer!r})")
 
 

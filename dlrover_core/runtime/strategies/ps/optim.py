@@ -5,8 +5,11 @@ the way ``torch.optim.Adagrad`` / ``torch.optim.SGD`` treat a sparse gradient an
 ``torch.optim.SparseAdam`` does Adam (moments of untouched rows are left alone; the bias
 correction uses the table's own count of updates). Dense parameters follow ``torch.optim.Adagrad``,
 ``torch.optim.Adam`` and ``torch.optim.SGD`` (single-tensor code paths, no weight decay, no
-momentum). Every update is a handful of vectorised torch index ops on the gathered rows
-(``index_select`` / ``index_copy_`` / ``index_add_``); there is no per-row Python loop.
+momentum). Every update is a handful of vectorised numpy ops on the gathered rows (gather, update,
+scatter; the rows of one update are unique, so a scatter never loses an add); there is no
+per-row Python loop. numpy rather than torch: the PS process never imports torch, which keeps
+its start-up (a relaunch under load) and its resident memory small; the numbers match torch's
+optimizers within float32 rounding (tests compare them).
 
 An optimizer travels with each push as ``{"opt": name, "lr": lr}`` (the worker reads
 ``training.optimizer`` from the job spec), so a PS process needs no optimizer flag; a table
@@ -21,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 NAMES = ("adagrad", "adam", "sgd")
 SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2}
@@ -56,66 +58,67 @@ class OptimizerConfig:
         return {"opt": self.name, "lr": self.lr}
 
 
+F32 = npt.NDArray[np.float32]
+
+
 def sparse_update(
     cfg: OptimizerConfig,
-    weights: torch.Tensor,
-    slots: list[torch.Tensor],
-    rows: torch.Tensor,
-    grads: torch.Tensor,
+    weights: F32,
+    slots: list[F32],
+    rows: npt.NDArray[np.int64],
+    grads: F32,
     step: int | npt.NDArray[np.int64],
 ) -> None:
     """Update ``weights[rows]`` (and the optimizer ``slots``) in place with the summed
-    ``grads`` of the unique ``rows``; ``step`` is the update count of the rows' table, this
+    ``grads`` of the *unique* ``rows``; ``step`` is the update count of the rows' table, this
     one included (one for all, or per row when the rows come from several tables)."""
-    lr = cfg.lr
+    lr = np.float32(cfg.lr)
     if cfg.name == "sgd":
-        weights.index_add_(0, rows, grads, alpha=-lr)
+        weights[rows] -= lr * grads
         return
+    eps = np.float32(cfg.epsilon)
     if cfg.name == "adagrad":
         (acc,) = slots
-        a = acc.index_select(0, rows).addcmul_(grads, grads)
-        acc.index_copy_(0, rows, a)
-        weights.index_add_(0, rows, grads / a.sqrt_().add_(cfg.epsilon), alpha=-lr)
+        a = acc[rows]
+        a += grads * grads
+        acc[rows] = a
+        np.sqrt(a, out=a)
+        a += eps
+        weights[rows] -= lr * (grads / a)
         return
     m, v = slots
     b1, b2 = cfg.betas
-    m_old = m.index_select(0, rows)
-    v_old = v.index_select(0, rows)
-    m_upd = (grads - m_old).mul_(1 - b1)
-    v_upd = (grads * grads).sub_(v_old).mul_(1 - b2)
-    m.index_add_(0, rows, m_upd)
-    v.index_add_(0, rows, v_upd)
-    numer = m_upd.add_(m_old)
-    denom = v_upd.add_(v_old).sqrt_().add_(cfg.epsilon)
-    if isinstance(step, np.ndarray):
-        t = step.astype(np.float64)
-        size = torch.from_numpy((lr * np.sqrt(1 - b2**t) / (1 - b1**t)).astype(np.float32))
-        weights.index_add_(0, rows, numer.div_(denom).mul_(size[:, None]), alpha=-1.0)
-        return
-    step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
-    weights.index_add_(0, rows, numer.div_(denom), alpha=-step_size)
+    m_old = m[rows]
+    v_old = v[rows]
+    m_new = m_old + (grads - m_old) * np.float32(1 - b1)
+    v_new = v_old + (grads * grads - v_old) * np.float32(1 - b2)
+    m[rows] = m_new
+    v[rows] = v_new
+    denom = np.sqrt(v_new)
+    denom += eps
+    t = np.asarray(step, dtype=np.float64)
+    size = (cfg.lr * np.sqrt(1 - b2**t) / (1 - b1**t)).astype(np.float32)
+    if size.ndim:
+        size = size[:, None]
+    weights[rows] -= size * (m_new / denom)
 
 
-def dense_update(
-    cfg: OptimizerConfig,
-    weight: torch.Tensor,
-    slots: list[torch.Tensor],
-    grad: torch.Tensor,
-    step: int,
-) -> None:
+def dense_update(cfg: OptimizerConfig, weight: F32, slots: list[F32], grad: F32, step: int) -> None:
     """Update a dense parameter in place as torch's optimizer would at update ``step``."""
-    lr = cfg.lr
+    lr = np.float32(cfg.lr)
     if cfg.name == "sgd":
-        weight.add_(grad, alpha=-lr)
+        weight -= lr * grad
         return
+    eps = np.float32(cfg.epsilon)
     if cfg.name == "adagrad":
         (acc,) = slots
-        acc.addcmul_(grad, grad, value=1)
-        weight.addcdiv_(grad, acc.sqrt().add_(cfg.epsilon), value=-lr)
+        acc += grad * grad
+        weight -= lr * (grad / (np.sqrt(acc) + eps))
         return
     m, v = slots
     b1, b2 = cfg.betas
-    m.lerp_(grad, 1 - b1)
-    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (v.sqrt() / math.sqrt(1 - b2**step)).add_(cfg.epsilon)
-    weight.addcdiv_(m, denom, value=-lr / (1 - b1**step))
+    m += (grad - m) * np.float32(1 - b1)
+    v *= np.float32(b2)
+    v += np.float32(1 - b2) * grad * grad
+    denom = np.sqrt(v) / np.float32(math.sqrt(1 - b2**step)) + eps
+    weight -= np.float32(lr / (1 - b1**step)) * (m / denom)

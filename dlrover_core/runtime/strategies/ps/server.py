@@ -57,7 +57,6 @@ from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
@@ -131,18 +130,10 @@ def _search(keys: I64, vals: I64, q: I64) -> I64:
 # --- the state -------------------------------------------------------------------------------
 
 
-def _t(a: npt.NDArray[Any]) -> torch.Tensor:
-    """A torch view of a writable numpy array (no copy)."""
-    return torch.from_numpy(a)
-
-
-def _f32(a: npt.ArrayLike, shape: tuple[int, ...]) -> torch.Tensor:
-    """A float32 tensor of ``a`` (copied only when it is read-only, e.g. a wire buffer, or of
-    another dtype)."""
-    arr = np.asarray(a)
-    if arr.dtype != np.float32 or not arr.flags.writeable or not arr.flags.c_contiguous:
-        arr = np.array(arr, dtype=np.float32, order="C")
-    return torch.from_numpy(arr.reshape(shape))
+def _f32(a: npt.ArrayLike, shape: tuple[int, ...]) -> F32:
+    """``a`` as float32 of ``shape`` (a view when it already is float32; read-only wire
+    buffers are fine: updates only read gradients)."""
+    return np.asarray(a, dtype=np.float32).reshape(shape)
 
 
 class _Arena:
@@ -151,7 +142,7 @@ class _Arena:
     One float32 matrix for the weights and one per optimizer slot (Adagrad: 1, Adam: 2, SGD:
     0), grown geometrically (×1.5: a new id costs an amortised O(1), never a copy of the
     table per id). Sharing it across tables makes a step's lookups and its optimizer update a
-    few vectorised torch index ops for all its tables together. ``lock`` guards it and the
+    few vectorised numpy ops for all its tables together. ``lock`` guards it and the
     indexes of its tables: a step takes it once for its push and its pull."""
 
     def __init__(self, dim: int, opt: str) -> None:
@@ -200,7 +191,7 @@ class _Arena:
     def update(
         self,
         rows: I64,
-        grads: torch.Tensor,
+        grads: F32,
         cfg: optim.OptimizerConfig,
         steps: npt.NDArray[np.int64] | int,
     ) -> None:
@@ -208,14 +199,7 @@ class _Arena:
         update count of each row's table (per row, or one for all)."""
         self.use_optimizer(cfg, "this table")
         self.updated = True
-        optim.sparse_update(
-            cfg,
-            _t(self.weights),
-            [_t(s) for s in self.slots],
-            torch.from_numpy(rows),
-            grads,
-            steps,
-        )
+        optim.sparse_update(cfg, self.weights, self.slots, rows, grads, steps)
 
     def allocated_bytes(self) -> int:
         return int(self.weights.nbytes + sum(s.nbytes for s in self.slots))
@@ -330,7 +314,7 @@ class _Table:
         rows, created = self.rows_for(uniq)
         return self.arena.weights[rows[inv]], created
 
-    def update(self, uniq: I64, grads: torch.Tensor, cfg: optim.OptimizerConfig) -> None:
+    def update(self, uniq: I64, grads: F32, cfg: optim.OptimizerConfig) -> None:
         """Apply ``cfg`` with the summed ``grads`` of the sorted unique ``uniq`` ids."""
         self.arena.use_optimizer(cfg, f"table {self.name!r}")
         rows, _ = self.rows_for(uniq)
@@ -603,7 +587,7 @@ class PSShard:
     def step_many(
         self,
         pushes: Sequence[tuple[str, I64, int]],
-        push_grads: torch.Tensor | None,
+        push_grads: F32 | None,
         pulls: Sequence[tuple[str, I64, int]],
         cfg: optim.OptimizerConfig,
         dense_grads: Mapping[str, npt.ArrayLike] | None = None,
@@ -695,13 +679,7 @@ class PSShard:
                 d = self._dense[name]
                 d.use_optimizer(name, cfg)
                 d.steps += 1
-                optim.dense_update(
-                    cfg,
-                    _t(d.weight),
-                    [_t(s) for s in d.slots],
-                    _f32(grad, d.weight.shape),
-                    d.steps,
-                )
+                optim.dense_update(cfg, d.weight, d.slots, _f32(grad, d.weight.shape), d.steps)
 
     def push_dense(
         self,
@@ -952,7 +930,7 @@ class PSServer:
         push_parts = _split(msg, "push_", with_grads=True)
         pull_parts = _split(msg, "", with_grads=False)
         pushes: list[tuple[str, I64, int]] = []
-        grads: torch.Tensor | None = None
+        grads: F32 | None = None
         if push_parts:
             dim = push_parts[0][3]
             if _segments_sorted_unique([p[1] for p in push_parts]) and all(
