@@ -144,3 +144,22 @@ def test_reduced_precision_transfer_round_trips_within_its_precision(transfer: s
     if transfer == "bf16":  # the same rounding as torch's bfloat16
         ref = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
         np.testing.assert_array_equal(back, ref)
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("training.staleness=-1", "training.staleness"),
+        ("training.staleness=99", "training.staleness"),
+        ("training.transfer=fp8", "training.transfer"),
+        ("training.optimizer.name=rmsprop", "training.optimizer.name"),
+    ],
+)
+def test_bad_data_plane_settings_are_refused_naming_the_field(override: str, field: str) -> None:
+    from dlrover_core.errors import SpecError
+    from dlrover_core.spec import load_spec
+    from tests.factories import make_spec_dict
+
+    with pytest.raises(SpecError) as e:
+        load_spec(make_spec_dict(), [override])
+    assert field in str(e.value)
