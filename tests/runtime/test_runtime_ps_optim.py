@@ -163,3 +163,28 @@ def test_bad_data_plane_settings_are_refused_naming_the_field(override: str, fie
     with pytest.raises(SpecError) as e:
         load_spec(make_spec_dict(), [override])
     assert field in str(e.value)
+
+
+def test_a_push_reuses_the_rows_its_pull_found_only_on_the_same_arena() -> None:
+    """The pull's reply names its arena rows; the push that sends them back skips the id
+    lookups and lands on the same rows; a PS restored since (new arena) looks the ids up."""
+    token = "tok"
+    srv = PSServer(PSShard(), token)
+    srv.start()
+    try:
+        with PSClient([srv.address], token, {"a": DIM, "b": DIM}) as c:
+            ids = np.array([[5, 9], [7, 9], [5, 1]])
+            plan = c.plan(ids, ["a", "b"])
+            rows, _ = c.exchange(Exchange(pull_plan=plan), {"lr": LR})
+            assert rows is not None and 0 in plan.rows_hint
+            g = np.ones((plan.size, DIM), np.float32)
+            c.exchange(Exchange(plan, g), {"opt": "sgd", "lr": LR})
+            after = c.pull("a", [5, 7])
+            np.testing.assert_allclose(after, rows[:2] - LR, atol=1e-7)
+            # a bogus hint (another arena's token) is ignored: the ids decide
+            plan.rows_hint[0] = (plan.rows_hint[0][0] + 1, plan.rows_hint[0][1][::-1].copy())
+            c.exchange(Exchange(plan, g), {"opt": "sgd", "lr": LR})
+            np.testing.assert_allclose(c.pull("a", [5, 7]), rows[:2] - 2 * LR, atol=1e-7)
+            np.testing.assert_allclose(c.pull("b", [1, 9]), rows[2:] - 2 * LR, atol=1e-7)
+    finally:
+        srv.stop(0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -406,6 +406,10 @@ class PSClient:
                     fields["push_counts"] = plan.counts[p].tolist()
                     arrays["push_ids"] = plan.uniq[lo:hi]
                     arrays["push_grads"] = wire.encode_float(ex.grads[lo:hi], transfer)
+                    hint = plan.rows_hint.get(p)
+                    if hint is not None:
+                        fields["push_rows_token"] = hint[0]
+                        arrays["push_rows"] = hint[1]
             if ex.pull_plan is not None:
                 plan = ex.pull_plan
                 lo, hi = plan.starts[p], plan.starts[p + 1]
@@ -435,6 +439,9 @@ class PSClient:
                     if vals is None or vals.size != (hi - lo) * plan.dim:
                         raise PSError(f"PS {p} returned the wrong number of rows for a step")
                     rows[lo:hi] = vals.reshape(hi - lo, plan.dim)
+                    token, ps_rows = m.get("rows_token"), m.arrays.get("rows")
+                    if token is not None and ps_rows is not None and ps_rows.size == hi - lo:
+                        plan.rows_hint[p] = (int(token), ps_rows)
         dense: dict[str, F32] = {}
         if ex.want_dense:
             for m in replies.values():
@@ -475,6 +482,9 @@ class StepPlan:
     counts: npt.NDArray[np.int64]  # [num_ps, F]
     starts: list[int]  # per PS, num_ps + 1 offsets into uniq
     inverse: I64  # [n, F]
+    # per PS: (arena token, arena rows of this PS's ids) as its reply to the pull said, so
+    # the push of this batch's gradients can skip the PS's id lookups
+    rows_hint: dict[int, tuple[int, I64]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:

@@ -46,6 +46,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -151,6 +152,7 @@ class _Arena:
         self.n = 0
         self.opt = opt
         self.updated = False
+        self.token = secrets.randbits(62)  # names this arena's row numbering
         self.weights: F32 = np.empty((0, dim), np.float32)
         self.slots: list[F32] = [np.empty((0, dim), np.float32) for _ in range(optim.SLOTS[opt])]
 
@@ -592,18 +594,24 @@ class PSShard:
         cfg: optim.OptimizerConfig,
         dense_grads: Mapping[str, npt.ArrayLike] | None = None,
         want_dense: bool = False,
-    ) -> tuple[F32 | None, dict[str, F32]]:
+        push_rows: tuple[int, I64] | None = None,
+    ) -> tuple[F32 | None, dict[str, F32], tuple[int, I64] | None]:
         """One worker step: apply ``pushes`` (per table: its *sorted unique* ids and dim; their
         summed gradients concatenated in ``push_grads`` ``[Σ ids, dim]``) and ``dense_grads``,
         then read ``pulls`` (per table: sorted unique ids, dim; rows returned concatenated in
         that order) and, if ``want_dense``, every dense parameter.
 
         All tables of one dim share an arena: the step takes its lock once, looks the ids up
-        table by table, and does the optimizer update and the read as one vectorised op each."""
+        table by table, and does the optimizer update and the read as one vectorised op each.
+
+        Returns (rows read, dense parameters, ``(arena token, arena rows of the pulled ids)``).
+        A push that sends those back as ``push_rows`` skips its id lookups when the token is
+        still this arena's (same process, no restore since: rows never move in an arena)."""
         dims = {d for _, _, d in pushes} | {d for _, _, d in pulls}
         if len(dims) > 1:
             raise ValueError(f"one step's tables must share one dim; got {sorted(dims)}")
         values: F32 | None = None
+        hint: tuple[int, I64] | None = None
         pushed = pulled = created = 0
         if dims:
             dim = dims.pop()
@@ -613,8 +621,18 @@ class PSShard:
             with arena.lock:
                 if push_t and push_grads is not None and push_grads.shape[0]:
                     arena.use_optimizer(cfg, f"table {push_t[0][0].name!r}")
-                    rows, c = self._lookup_all(arena, push_t)
-                    created += c
+                    total = sum(int(ids.size) for _, ids in push_t)
+                    if (
+                        push_rows is not None
+                        and push_rows[0] == arena.token
+                        and push_rows[1].size == total
+                        and (total == 0 or int(push_rows[1].min()) >= 0)
+                        and (total == 0 or int(push_rows[1].max()) < arena.n)
+                    ):
+                        rows = push_rows[1]
+                    else:
+                        rows, c = self._lookup_all(arena, push_t)
+                        created += c
                     steps: npt.NDArray[np.int64] | int = 0
                     for t, ids in push_t:
                         if ids.size:
@@ -631,6 +649,7 @@ class PSShard:
                     created += c
                     values = arena.weights[rows]
                     pulled = int(rows.size)
+                    hint = (arena.token, rows)
         dense: dict[str, F32] = {}
         if dense_grads:
             self._apply_dense(dense_grads, cfg)
@@ -644,7 +663,7 @@ class PSShard:
             steps=1,
             pulls=int(bool(pulls)),
         )
-        return values, dense
+        return values, dense, hint
 
     # --- dense ---
 
@@ -931,12 +950,14 @@ class PSServer:
         pull_parts = _split(msg, "", with_grads=False)
         pushes: list[tuple[str, I64, int]] = []
         grads: F32 | None = None
+        fast_push = False  # ids exactly as the worker's plan sent them
         if push_parts:
             dim = push_parts[0][3]
             if _segments_sorted_unique([p[1] for p in push_parts]) and all(
                 p[3] == dim for p in push_parts
             ):
                 pushes = [(n, i, d) for n, i, _, d in push_parts]
+                fast_push = True
                 flat = wire.as_float32(msg, "push_grads")
                 assert flat is not None
                 grads = _f32(flat, (-1, dim))
@@ -963,14 +984,23 @@ class PSServer:
         dense_grads = {
             k[len(DENSE_GRAD) :]: a for k, a in msg.arrays.items() if k.startswith(DENSE_GRAD)
         }
+        hint_in = None
+        token, hint_rows = msg.get("push_rows_token"), msg.arrays.get("push_rows")
+        ok = fast_push and token is not None and hint_rows is not None
+        if ok and hint_rows is not None and hint_rows.dtype == np.int64:
+            hint_in = (int(token), hint_rows)
         try:
-            values, dense = self.shard.step_many(
-                pushes, grads, pulls, cfg, dense_grads, bool(msg.get("want_dense"))
+            values, dense, hint = self.shard.step_many(
+                pushes, grads, pulls, cfg, dense_grads, bool(msg.get("want_dense")), hint_in
             )
         except ValueError as e:
             raise _bad(str(e)) from e
         arrays: dict[str, Any] = {DENSE_VALUE + k: v for k, v in dense.items()}
+        fields: dict[str, Any] = {"step": self.shard.step}
         transfer = msg.get("transfer") or "fp32"
+        if hint is not None and expand is None:
+            fields["rows_token"] = hint[0]
+            arrays["rows"] = hint[1]
         if values is not None:
             if expand is not None:
                 values = values[expand]
@@ -978,7 +1008,7 @@ class PSServer:
                 arrays["values"] = wire.encode_float(values, transfer)
             except ValueError as e:
                 raise _bad(str(e)) from e
-        return {"step": self.shard.step, "transfer": transfer}, arrays
+        return {**fields, "transfer": transfer}, arrays
 
     def _pull(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
         reqs = _split_request(msg, with_grads=False)

@@ -16,13 +16,20 @@ What it does:
    the PS (``init_dense``: the first writer wins) and pulls the winners, so every worker starts
    from the same dense parameters.
 3. Loops, with no barrier between workers: take a shard from the master → read its rows →
-   per mini-batch of ``training.batch_size`` (:func:`train_step`): pull the dense parameters,
-   pull the embedding rows of the batch's ids (unique per table), forward, BCE-with-logits,
-   backward, push the embedding gradients and the dense gradients (the PS applies Adagrad with
-   ``training.optimizer.lr``) → report the shard done with its sample count and mean loss.
-   A step's push runs in the background while the next step pulls and computes (at most one
-   push in flight; ``overlap_push=False`` turns this off); the shard is reported only after
-   its last push returned.
+   per mini-batch of ``training.batch_size``: one ``Step`` round trip per PS
+   (:meth:`~dlrover_core.runtime.strategies.ps.client.PSClient.exchange`) carries the previous
+   step's gradients (the unique rows' gradients, summed over duplicate ids by autograd, and the
+   dense gradients) and the ids of the batch ``training.staleness`` steps ahead, deduplicated
+   and routed once on the worker (:class:`~dlrover_core.runtime.strategies.ps.client.StepPlan`);
+   the PS applies the push, then reads, and returns the rows (and the dense parameters). With
+   staleness ≥ 1 the exchanges run in order on one background thread while the current batch
+   computes (prefetch + background push): a step then sees the PS state without the updates of
+   its last ``staleness`` steps (default 1; 0: no overlap, still one round trip a step). The PS
+   applies ``training.optimizer`` (Adagrad, Adam, SGD: torch's rules) with its ``lr``; rows and
+   gradients travel in ``training.transfer`` precision (fp32, bf16, fp16). Before a shard is
+   reported done, :meth:`Worker._flush` drains every exchange in flight and pushes the last
+   step's gradients (a push that failed is kept and retried, never dropped), so the shard's
+   updates are on the PS when the master counts it.
    ``wait`` from the master: sleep briefly and ask again; ``done`` or ``stop``: exit 0.
 4. A heartbeat thread reports, every ``pacing.heartbeat_interval_s``, the CPU of this process
    and its children (percent of one core, like ``top``), their RSS in MiB, the local step and
@@ -51,13 +58,9 @@ propagates (Python exits 1 with a traceback).
 Environment hook for fault tests: ``DLROVER_RM_WORKER_ALLOC_MIB=N`` makes the worker allocate
 and touch N MiB at start and hold them for its life, to push it over its memory limit.
 
-Measured on this machine (2 cores shared with other jobs, torch 1 thread): the worker process
-with one PS process runs ``pipelines/specs/small.yaml`` (8 tables of dim 16, batch 256) at
-about 27-33k samples/s. Per step (~8.6 ms when pushes are not overlapped): pull embeddings 31 %,
-push embeddings 27 %, forward/backward 17 %, push dense 14 %, pull dense 11 %; the round trips
-(client and PS-side numpy work, gRPC) dominate. Overlapping the push with the next step gained
-10-30 % in an isolated loop and stayed within noise in a loaded full run; pulling the dense
-parameters every 4 steps (``dense_sync_every``) about 5-10 %.
+Where a step goes is in :class:`StepTimes` (``Worker.times``); ``benchmarks/ps_step.py``
+prints it and ``benchmarks/runtime_throughput.py`` compares the runtime with a single-process
+DLRM (figures in notes/issue-12.md).
 """
 
 from __future__ import annotations
