@@ -56,7 +56,10 @@ def runtime_run(
         f"data.rows={rows}",
         "pacing.sample_window_s=1",
         "pacing.heartbeat_interval_s=0.5",
+        # pinned: the live planner must not change the configuration being measured
         f"constraints.workers.max={max(2, workers)}",
+        f"constraints.workers.count={workers}",
+        "constraints.ps.count=1",
         *extra,
     ]
     run_dir = work / f"rt-{time.monotonic_ns()}"
