@@ -188,3 +188,38 @@ def test_a_push_reuses_the_rows_its_pull_found_only_on_the_same_arena() -> None:
             np.testing.assert_allclose(c.pull("b", [1, 9]), rows[2:] - 2 * LR, atol=1e-7)
     finally:
         srv.stop(0)
+
+
+def test_one_step_round_trip_across_two_ps_routes_rows_gradients_and_dense() -> None:
+    """Two PS: the plan's slices go to their owners; rows come back where the plan says, the
+    gradients of the unique rows land on the right rows, dense parameters on their owners."""
+    token = "tok"
+    servers = [PSServer(PSShard(index=i, num_ps=2), token) for i in range(2)]
+    for s in servers:
+        s.start()
+    try:
+        tables = {"a": DIM, "b": DIM, "c": DIM}
+        with PSClient([s.address for s in servers], token, tables) as c:
+            dense = {"w1": np.ones((2, 3), np.float32), "w2": np.zeros(4, np.float32)}
+            c.init_dense(dense)
+            rng = np.random.default_rng(5)
+            ids = rng.integers(0, 40, (64, 3))
+            plan = c.plan(ids, list(tables))
+            assert len(plan.starts) == 3 and 0 < plan.starts[1] < plan.size
+            rows, got_dense = c.exchange(Exchange(pull_plan=plan, want_dense=True), {"lr": LR})
+            assert rows is not None and set(got_dense) == set(dense)
+            for f, name in enumerate(tables):  # the rows the plan says are each id's rows
+                np.testing.assert_array_equal(rows[plan.inverse[:, f]], c.pull(name, ids[:, f]))
+            g = rng.standard_normal((plan.size, DIM)).astype(np.float32)
+            dg = {"w1": np.full((2, 3), 2.0, np.float32), "w2": np.ones(4, np.float32)}
+            c.exchange(Exchange(plan, g, dg), {"opt": "sgd", "lr": LR})
+            for f, name in enumerate(tables):
+                want = (rows - LR * g)[plan.inverse[:, f]]
+                np.testing.assert_allclose(c.pull(name, ids[:, f]), want, atol=1e-7)
+            after = c.pull_dense()
+            np.testing.assert_allclose(after["w1"], 1 - LR * 2.0, atol=1e-7)
+            np.testing.assert_allclose(after["w2"], -LR, atol=1e-7)
+            assert all(s.shard.step_calls == 2 for s in servers)
+    finally:
+        for s in servers:
+            s.stop(0)
