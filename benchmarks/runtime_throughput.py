@@ -60,6 +60,10 @@ def runtime_run(
         f"constraints.workers.max={max(2, workers)}",
         f"constraints.workers.count={workers}",
         "constraints.ps.count=1",
+        f"constraints.workers.cpu={half / workers}",
+        f"constraints.ps.cpu={half}",
+        "constraints.workers.memory=2048Mi",
+        "constraints.ps.memory=2048Mi",
         *extra,
     ]
     run_dir = work / f"rt-{time.monotonic_ns()}"
