@@ -85,7 +85,9 @@ def runtime_run(
     }
 
 
-def baseline_run(rows: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
+def baseline_run(
+    rows: int, extra: tuple[str, ...] = (), threads: int | None = None
+) -> dict[str, float]:
     import torch
 
     from dlrover_core.spec import load_spec
@@ -93,7 +95,7 @@ def baseline_run(rows: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
     from dlrover_core.training.model import LocalDLRM, evaluate, feature_keys, tensors, to_kjt
 
     spec = load_spec(str(SMALL), [f"data.rows={rows}", *extra])
-    torch.set_num_threads(_cores())
+    torch.set_num_threads(threads or _cores())
     torch.manual_seed(0)
     model = LocalDLRM(spec.model)
     lr = spec.training.optimizer.lr
@@ -154,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accuracy-rows", type=int, default=800_000)
     ap.add_argument("--accuracy-runs", type=int, default=3)
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument(
+        "--baseline-threads",
+        type=int,
+        default=None,
+        help="torch threads of the baseline (default: all cores; on a saturated machine 2 "
+        "OpenMP threads collapsed to ~700 samples/s, 1 thread ran at ~20k)",
+    )
     ap.add_argument("--set", action="append", default=[], help="spec override, e.g. x.y=z")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -166,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             rts, bases = [], []
             for _ in range(a.repeats):
                 rts.append(runtime_run(a.rows, work, 1, extra))
-                bases.append(baseline_run(a.rows, extra))
+                bases.append(baseline_run(a.rows, extra, a.baseline_threads))
             ratios = [r["steady_sps"] / b["sps"] for r, b in zip(rts, bases, strict=True)]
             e2e = [r["end_to_end_sps"] / b["sps"] for r, b in zip(rts, bases, strict=True)]
             out.update(runtime=rts, baseline=bases, ratio=_spread(ratios), e2e_ratio=_spread(e2e))
@@ -205,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             rt_auc, base_auc = [], []
             for _ in range(a.accuracy_runs):
                 rt_auc.append(runtime_run(a.accuracy_rows, work, 1, extra)["auc"])
-                base_auc.append(baseline_run(a.accuracy_rows, extra)["auc"])
+                base_auc.append(baseline_run(a.accuracy_rows, extra, a.baseline_threads)["auc"])
             out["accuracy"] = {
                 "rows": a.accuracy_rows,
                 "runtime_auc": _spread(rt_auc),
