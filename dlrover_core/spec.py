@@ -317,6 +317,11 @@ class TrainingSpec(_Strict):
         default=None, gt=0, description="not supported: the runtime trains whole epochs"
     )
     optimizer: OptimizerSpec = OptimizerSpec()
+    # PS data plane: a step's rows are read `staleness` steps ahead of it (prefetch, 0: none)
+    staleness: int = Field(default=1, ge=0, le=8, description="PS prefetch depth in steps")
+    transfer: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="precision of embedding rows and gradients on the wire"
+    )
 
     @field_validator("steps")
     @classmethod

@@ -53,25 +53,67 @@ class Message:
 def encode(
     fields: Mapping[str, Any] | None = None, arrays: Mapping[str, npt.ArrayLike] | None = None
 ) -> bytes:
+    """One message: the header, then each array's bytes, copied once (straight from the
+    array's buffer into the message; no per-array ``tobytes``)."""
     metas = []
-    blobs = []
+    views: list[Any] = []
     offset = 0
     for name, a in (arrays or {}).items():
         arr = np.ascontiguousarray(a)
-        b = arr.tobytes()
+        nbytes = arr.nbytes
         metas.append(
             {
                 "name": name,
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
                 "offset": offset,
-                "nbytes": len(b),
+                "nbytes": nbytes,
             }
         )
-        blobs.append(b)
-        offset += len(b)
+        if nbytes:
+            views.append(memoryview(arr.reshape(-1)).cast("B"))  # type: ignore[arg-type]
+        offset += nbytes
     header = json.dumps({**(fields or {}), "__arrays__": metas}, separators=(",", ":")).encode()
-    return b"".join([_LEN.pack(len(header)), header, *blobs])
+    return b"".join([_LEN.pack(len(header)), header, *views])
+
+
+# --- reduced-precision transfer -----------------------------------------------------------
+
+TRANSFERS = ("fp32", "bf16", "fp16")
+
+
+def encode_float(a: npt.NDArray[np.float32], transfer: str) -> npt.NDArray[Any]:
+    """``a`` as sent in ``transfer`` precision: float32 as is, float16, or bfloat16 bit
+    patterns (uint16: the top half of the float32, rounded to nearest even, as torch rounds)."""
+    if transfer == "fp32":
+        return a
+    if transfer == "fp16":
+        return np.asarray(a, dtype=np.float16)
+    if transfer == "bf16":
+        u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+        rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))  # to even
+        return (rounded >> np.uint32(16)).astype(np.uint16)
+    raise ValueError(f"unknown transfer precision {transfer!r}; use one of {list(TRANSFERS)}")
+
+
+def decode_float(a: npt.NDArray[Any], transfer: str) -> npt.NDArray[np.float32]:
+    """The float32 values of an array sent by :func:`encode_float` (a copy unless fp32)."""
+    if a.dtype == np.float32:
+        return a
+    if a.dtype.kind == "f":
+        return a.astype(np.float32)
+    if a.dtype == np.uint16 and transfer == "bf16":
+        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    raise ValueError(f"cannot read a {a.dtype} array as float (transfer {transfer!r})")
+
+
+def as_float32(msg: Message, name: str) -> npt.NDArray[np.float32] | None:
+    """Array ``name`` of ``msg`` as float32, whatever precision the sender chose (the
+    message's ``transfer`` field); None if absent."""
+    a = msg.arrays.get(name)
+    if a is None:
+        return None
+    return decode_float(a, str(msg.get("transfer") or "fp32"))
 
 
 def decode(data: bytes) -> Message:

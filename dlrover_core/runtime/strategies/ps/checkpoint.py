@@ -2,8 +2,9 @@
 
 Layout of one PS's checkpoint directory::
 
-    ckpt-00000007.npz    ids, rows and Adagrad accumulators per table; dense parameters
+    ckpt-00000007.npz    ids, rows and optimizer slots per table; dense parameters
     ckpt-00000007.json   manifest: sha256 and size of the .npz, step, index, num_ps, tables
+                         (each with its optimizer and update count)
 
 A checkpoint exists once its manifest exists. :func:`save` writes the .npz to a temporary
 file, fsyncs it, hashes it, renames it into place, then does the same for the manifest (so a
@@ -53,12 +54,18 @@ class CheckpointError(DLRoverError):
 
 @dataclass
 class TableState:
-    """One embedding table's rows held by one PS: ``ids[i]`` owns ``weights[i]``."""
+    """One embedding table's rows held by one PS: ``ids[i]`` owns ``weights[i]``.
+
+    ``accum`` is the optimizer's state, its slots side by side: ``[rows, slots·dim]`` (Adagrad:
+    the accumulator; Adam: first then second moments; SGD: no columns); ``steps`` the updates
+    the table has had (Adam's bias correction)."""
 
     dim: int
     ids: npt.NDArray[np.int64]
     weights: npt.NDArray[np.float32]
     accum: npt.NDArray[np.float32]
+    optimizer: str = "adagrad"
+    steps: int = 0
 
     @property
     def rows(self) -> int:
@@ -76,8 +83,13 @@ class TableState:
 
 @dataclass
 class DenseState:
+    """A dense parameter and its optimizer slots (Adagrad: the weight's shape; Adam:
+    ``[2, *shape]``; SGD: empty)."""
+
     weight: npt.NDArray[np.float32]
     accum: npt.NDArray[np.float32]
+    optimizer: str = "adagrad"
+    steps: int = 0
 
 
 @dataclass
@@ -212,8 +224,24 @@ def save(
         "index": state.index,
         "num_ps": state.num_ps,
         "rows": state.num_rows,
-        "tables": [{"name": n, "dim": state.tables[n].dim} for n in names],
-        "dense": [{"name": n, "shape": list(state.dense[n].weight.shape)} for n in dense_names],
+        "tables": [
+            {
+                "name": n,
+                "dim": state.tables[n].dim,
+                "optimizer": state.tables[n].optimizer,
+                "steps": state.tables[n].steps,
+            }
+            for n in names
+        ],
+        "dense": [
+            {
+                "name": n,
+                "shape": list(state.dense[n].weight.shape),
+                "optimizer": state.dense[n].optimizer,
+                "steps": state.dense[n].steps,
+            }
+            for n in dense_names
+        ],
         "created_unix": created,
         "tag": int(tag),
     }
@@ -317,11 +345,15 @@ def read(manifest_path: str | os.PathLike[str]) -> LoadedCheckpoint:
                     z[f"t{i}_ids"].astype(np.int64, copy=False),
                     z[f"t{i}_w"].astype(np.float32, copy=False),
                     z[f"t{i}_acc"].astype(np.float32, copy=False),
+                    optimizer=str(t.get("optimizer", "adagrad")),
+                    steps=int(t.get("steps", 0)),
                 )
             for j, dn in enumerate(m["dense"]):
                 state.dense[dn["name"]] = DenseState(
                     z[f"d{j}_w"].astype(np.float32, copy=False),
                     z[f"d{j}_acc"].astype(np.float32, copy=False),
+                    optimizer=str(dn.get("optimizer", "adagrad")),
+                    steps=int(dn.get("steps", 0)),
                 )
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"checkpoint {info.path} cannot be read ({e}); it is rejected") from e
@@ -397,21 +429,37 @@ def load_for(
     duplicates = 0
     for name, dim in dims.items():
         parts = [lc.state.tables[name] for lc in loaded if name in lc.state.tables]
+        opts = {t.optimizer for t in parts if t.steps > 0} or {parts[0].optimizer}
+        if len(opts) > 1:
+            raise CheckpointError(
+                f"table {name!r} was trained with different optimizers {sorted(opts)} on the "
+                "old PS set; it cannot be merged"
+            )
+        opt = opts.pop()
+        parts = [t for t in parts if t.optimizer == opt or t.rows == 0]
+        width = max((t.accum.shape[1] for t in parts if t.optimizer == opt), default=dim)
         keep_ids, keep_w, keep_a = [], [], []
         for t in parts:
             mine = owner(name, t.ids, num_ps) == index
             keep_ids.append(t.ids[mine])
             keep_w.append(t.weights[mine])
-            keep_a.append(t.accum[mine])
+            keep_a.append(t.accum[mine].reshape(-1, width))
         ids = np.concatenate(keep_ids) if keep_ids else np.empty(0, np.int64)
         w = np.concatenate(keep_w) if keep_w else np.empty((0, dim), np.float32)
-        a = np.concatenate(keep_a) if keep_a else np.empty((0, dim), np.float32)
+        a = np.concatenate(keep_a) if keep_a else np.empty((0, width), np.float32)
         uniq, first = np.unique(ids, return_index=True)
         if uniq.size != ids.size:
             duplicates += int(ids.size - uniq.size)
             first.sort()
             ids, w, a = ids[first], w[first], a[first]
-        out.tables[name] = TableState(dim, ids, np.ascontiguousarray(w), np.ascontiguousarray(a))
+        out.tables[name] = TableState(
+            dim,
+            ids,
+            np.ascontiguousarray(w),
+            np.ascontiguousarray(a),
+            optimizer=opt,
+            steps=max(t.steps for t in parts) if parts else 0,
+        )
 
     all_dense: dict[str, DenseState] = {}
     for lc in loaded:

@@ -1,15 +1,21 @@
 """The worker's side of the parameter servers: route, batch, call in parallel, reassemble.
 
-Ids are de-duplicated on the client, split by :func:`.partition.owner`,
-and every PS gets at most one call per step (:meth:`PSClient.pull_many` /
-:meth:`PSClient.push_many` put all tables' ids into one message). Dense parameters are routed
-round-robin over their sorted names (:func:`.partition.dense_owners`).
+Ids are de-duplicated on the client, split by :func:`.partition.owner`. A training step is one
+call per PS (:meth:`PSClient.exchange`, the PS's ``Step``): the previous step's sparse and dense
+gradients and the next batch's ids together; the reply carries the rows (and the dense
+parameters). :meth:`PSClient.plan` computes a batch's routing once, vectorised over all its
+tables, laid out so each PS's rows and gradients are one contiguous slice of the step's row
+buffer. The older per-kind calls (:meth:`PSClient.pull_many`, :meth:`PSClient.push_many`,
+:meth:`PSClient.pull_dense`, :meth:`PSClient.push_dense`) remain for evaluation and tools.
+Dense parameters are routed round-robin over their sorted names
+(:func:`.partition.dense_owners`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -18,8 +24,19 @@ import numpy.typing as npt
 
 from dlrover_core.errors import DLRoverError, ErrorKind
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.strategies.ps.partition import dense_owners, owner
-from dlrover_core.runtime.strategies.ps.server import SERVICE, aggregate
+from dlrover_core.runtime.strategies.ps.partition import (
+    as_uint64,
+    dense_owners,
+    owner,
+    splitmix64,
+    table_salt,
+)
+from dlrover_core.runtime.strategies.ps.server import (
+    DENSE_GRAD,
+    DENSE_VALUE,
+    SERVICE,
+    aggregate,
+)
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -91,6 +108,7 @@ class PSClient:
         self._pool: ThreadPoolExecutor | None = None
         self._dense_names: list[str] | None = None
         self._pusher: ThreadPoolExecutor | None = None
+        self._salts: dict[tuple[str, ...], npt.NDArray[np.uint64]] = {}
         self.switch(addresses)
 
     @property
@@ -342,6 +360,96 @@ class PSClient:
         grouped = self._by_owner(grads)
         self._fan_out({p: ("PushDense", {"lr": lr}, g) for p, g in grouped.items()})
 
+    # --- one round trip per PS per step ---
+
+    def plan(self, ids: npt.ArrayLike, names: Sequence[str]) -> StepPlan:
+        """The :class:`StepPlan` of a batch's PS ids ``int64 [n, F]`` (column f: table
+        ``names[f]``; every table of one dim)."""
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.ndim != 2 or arr.shape[1] != len(names):
+            raise PSError(f"step ids must be [n, {len(names)}] for tables {list(names)}")
+        dims = {self._dim(t) for t in names}
+        if len(dims) != 1:
+            raise PSError(f"one step's tables must share one dim; got {sorted(dims)}")
+        key = tuple(names)
+        salts = self._salts.get(key)
+        if salts is None:
+            salts = self._salts[key] = np.array([table_salt(t) for t in names], np.uint64)
+        return _plan(arr, names, dims.pop(), salts, self.num_ps)
+
+    def exchange(
+        self,
+        ex: Exchange,
+        opt: Mapping[str, Any],
+        transfer: str = "fp32",
+        out: F32 | None = None,
+    ) -> tuple[F32 | None, dict[str, F32]]:
+        """Send one step (:class:`Exchange`) to every PS it concerns, in parallel, one call
+        each: the PS applies the pushes, then reads. Returns the pulled rows
+        ``[pull_plan.size, dim]`` (into ``out`` when given and large enough) and the dense
+        parameters (when asked). ``opt`` is ``{"opt": name, "lr": lr}``; ``transfer`` the
+        precision of rows and gradients on the wire (fp32, bf16, fp16)."""
+        calls: dict[int, tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
+        dense_by_ps = self._by_owner(ex.dense_grads) if ex.dense_grads else {}
+        dense_ps = range(self.num_ps) if ex.want_dense else ()
+        if ex.want_dense and self._dense_names is None:
+            raise PSError("dense parameters are unknown to this client: call pull_dense first")
+        for p in range(self.num_ps):
+            fields: dict[str, Any] = {**opt, "transfer": transfer}
+            arrays: dict[str, Any] = {}
+            if ex.push_plan is not None and ex.grads is not None:
+                plan = ex.push_plan
+                lo, hi = plan.starts[p], plan.starts[p + 1]
+                if hi > lo:
+                    fields["push_tables"] = plan.names
+                    fields["push_dims"] = [plan.dim] * len(plan.names)
+                    fields["push_counts"] = plan.counts[p].tolist()
+                    arrays["push_ids"] = plan.uniq[lo:hi]
+                    arrays["push_grads"] = wire.encode_float(ex.grads[lo:hi], transfer)
+                    hint = plan.rows_hint.get(p)
+                    if hint is not None:
+                        fields["push_rows_token"] = hint[0]
+                        arrays["push_rows"] = hint[1]
+            if ex.pull_plan is not None:
+                plan = ex.pull_plan
+                lo, hi = plan.starts[p], plan.starts[p + 1]
+                if hi > lo:
+                    fields["tables"] = plan.names
+                    fields["dims"] = [plan.dim] * len(plan.names)
+                    fields["counts"] = plan.counts[p].tolist()
+                    arrays["ids"] = plan.uniq[lo:hi]
+            for name, g in dense_by_ps.get(p, {}).items():
+                arrays[DENSE_GRAD + name] = g
+            if p in dense_ps:
+                fields["want_dense"] = True
+            if len(arrays) or fields.get("want_dense"):
+                calls[p] = ("Step", fields, arrays)
+        replies = self._fan_out(calls) if calls else {}
+        rows: F32 | None = None
+        if ex.pull_plan is not None:
+            plan = ex.pull_plan
+            if out is not None and out.shape[0] >= plan.size and out.shape[1] == plan.dim:
+                rows = out[: plan.size]
+            else:
+                rows = np.empty((plan.size, plan.dim), np.float32)
+            for p, m in replies.items():
+                lo, hi = plan.starts[p], plan.starts[p + 1]
+                if hi > lo:
+                    vals = wire.as_float32(m, "values")
+                    if vals is None or vals.size != (hi - lo) * plan.dim:
+                        raise PSError(f"PS {p} returned the wrong number of rows for a step")
+                    rows[lo:hi] = vals.reshape(hi - lo, plan.dim)
+                    token, ps_rows = m.get("rows_token"), m.arrays.get("rows")
+                    if token is not None and ps_rows is not None and ps_rows.size == hi - lo:
+                        plan.rows_hint[p] = (int(token), ps_rows)
+        dense: dict[str, F32] = {}
+        if ex.want_dense:
+            for m in replies.values():
+                for k, v in m.arrays.items():
+                    if k.startswith(DENSE_VALUE):
+                        dense[k[len(DENSE_VALUE) :]] = v
+        return rows, dense
+
     # --- control ---
 
     def stats(self) -> list[dict[str, Any]]:
@@ -353,3 +461,86 @@ class PSClient:
     def checkpoint(self, step: int | None = None) -> list[dict[str, Any]]:
         """Ask every PS to checkpoint now; one ``{path, step, skipped}`` per PS."""
         return [m.fields for m in self._all("Checkpoint", {"step": step})]
+
+
+# --- one round trip per PS per step -----------------------------------------------------------
+
+
+@dataclass
+class StepPlan:
+    """Where one batch's ids go, computed once on the worker (vectorised over all tables).
+
+    Every (table, id) of the batch appears once in ``uniq`` (duplicates removed here), laid out
+    PS by PS and, within a PS, table by table, so the rows a PS returns fill one contiguous
+    slice ``[starts[p], starts[p+1])`` of the step's ``[len(uniq), dim]`` row buffer and the
+    gradients it gets back are a slice of that buffer's gradient. ``inverse[n, F]`` gives each
+    sample's row in that buffer."""
+
+    names: list[str]
+    dim: int
+    uniq: I64  # ids, PS-major then table-major, sorted within a (PS, table) group
+    counts: npt.NDArray[np.int64]  # [num_ps, F]
+    starts: list[int]  # per PS, num_ps + 1 offsets into uniq
+    inverse: I64  # [n, F]
+    # per PS: (arena token, arena rows of this PS's ids) as its reply to the pull said, so
+    # the push of this batch's gradients can skip the PS's id lookups
+    rows_hint: dict[int, tuple[int, I64]] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return int(self.uniq.size)
+
+    def part(self, p: int) -> tuple[I64, list[int]]:
+        """PS ``p``'s ids and its count per table."""
+        return self.uniq[self.starts[p] : self.starts[p + 1]], self.counts[p].tolist()
+
+
+class Exchange:
+    """What one step sends: the gradients of a computed step (``push_plan`` + ``grads``
+    ``[push_plan.size, dim]`` + dense gradients by name) and/or the ids of a coming batch to
+    read (``pull_plan``), with the dense parameters if ``want_dense``."""
+
+    __slots__ = ("dense_grads", "grads", "pull_plan", "push_plan", "want_dense")
+
+    def __init__(
+        self,
+        push_plan: StepPlan | None = None,
+        grads: F32 | None = None,
+        dense_grads: Mapping[str, npt.NDArray[np.float32]] | None = None,
+        pull_plan: StepPlan | None = None,
+        want_dense: bool = False,
+    ) -> None:
+        self.push_plan = push_plan
+        self.grads = grads
+        self.dense_grads = dense_grads or {}
+        self.pull_plan = pull_plan
+        self.want_dense = want_dense
+
+
+def _plan(
+    ids: I64, names: Sequence[str], dim: int, salts: npt.NDArray[np.uint64], num_ps: int
+) -> StepPlan:
+    n, f = ids.shape
+    order = np.argsort(ids, axis=0, kind="stable")
+    s = np.take_along_axis(ids, order, axis=0)
+    first = np.ones((n, f), dtype=bool)
+    if n > 1:
+        np.not_equal(s[1:], s[:-1], out=first[1:])
+    rank = np.cumsum(first, axis=0) - 1  # rank of each sorted id among its column's uniques
+    per_col = rank[-1] + 1 if n else np.zeros(f, np.int64)
+    col_start = np.zeros(f, np.int64)
+    np.cumsum(per_col[:-1], out=col_start[1:])
+    inv = np.empty((n, f), np.int64)
+    np.put_along_axis(inv, order, rank + col_start[None, :], axis=0)
+    uniq = s.T[first.T]  # column-major: table by table, each sorted
+    if num_ps == 1:
+        return StepPlan(list(names), dim, uniq, per_col[None, :], [0, uniq.size], inv)
+    col = np.repeat(np.arange(f), per_col)
+    own = (splitmix64(as_uint64(uniq) ^ salts[col]) % np.uint64(num_ps)).astype(np.int64)
+    group = own * f + col
+    perm = np.argsort(group, kind="stable")
+    pos = np.empty(uniq.size, np.int64)
+    pos[perm] = np.arange(uniq.size)
+    counts = np.bincount(group, minlength=num_ps * f).reshape(num_ps, f)
+    starts = [0, *np.cumsum(counts.sum(axis=1)).tolist()]
+    return StepPlan(list(names), dim, uniq[perm], counts, starts, pos[inv])

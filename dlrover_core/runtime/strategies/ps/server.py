@@ -1,7 +1,8 @@
 """A parameter server: one shard of the embedding tables and of the dense parameters.
 
-:class:`PSShard` is the state (no IO): per table a growable float32 matrix with an Adagrad
-accumulator and an id → row index. Rows are created the first time an id is pulled (or
+:class:`PSShard` is the state (no IO): per table a growable float32 matrix with the
+optimizer's slots (:mod:`.optim`: Adagrad, Adam or SGD, torch's update rules) and an id → row
+index. Rows are created the first time an id is pulled (or
 pushed), with a deterministic initial value drawn from a hash of (seed, table, id), so PS memory
 grows the way it does in CTR training and a row re-created anywhere starts the same.
 
@@ -10,6 +11,11 @@ grows the way it does in CTR training and a row re-created anywhere starts the s
 =========== ====================================================== ==========================
 method      request                                                reply
 =========== ====================================================== ==========================
+Step        one worker step: fields push_tables, push_dims,         array values (rows of ids,
+            push_counts, tables, dims, counts, opt, lr, want_dense, in ``transfer`` precision);
+            transfer; arrays push_ids, push_grads, ids,            ``d:<name>`` per dense
+            ``dg:<name>`` per dense gradient. Applies the pushes,  parameter if want_dense;
+            then reads.                                            fields step
 Pull        fields tables, dims, counts; array ids (concatenated)  array values (flat float32)
 Push        fields tables, dims, counts, [lr]; arrays ids, grads   fields step
 PullDense   fields [names]                                         one array per parameter
@@ -50,11 +56,13 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -64,13 +72,14 @@ import numpy.typing as npt
 
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
+from dlrover_core.runtime.strategies.ps import optim
 from dlrover_core.runtime.strategies.ps.partition import as_uint64, splitmix64, table_salt
 
 log = logging.getLogger(__name__)
 
 SERVICE = "dlrover.PS"
 DEFAULT_LR = 0.05
-DEFAULT_EPS = 1e-8
+DEFAULT_EPS = optim.DEFAULT_EPS["adagrad"]
 DEFAULT_INIT_STD = 0.01
 _MIN_CAPACITY = 1024
 _GROWTH = 1.5
@@ -102,9 +111,7 @@ def aggregate(ids: npt.ArrayLike, grads: npt.ArrayLike, dim: int) -> tuple[I64, 
     return s[starts], np.add.reduceat(g[order], starts, axis=0)
 
 
-def init_rows(table: str, ids: I64, dim: int, seed: int = 0, std: float = DEFAULT_INIT_STD) -> F32:
-    """Deterministic normal(0, std) rows for ``ids``: a function of (seed, table, id) only."""
-    mix = splitmix64(np.array([seed], dtype=np.uint64))[0] ^ table_salt(table)
+def _init_mixed(mix: npt.NDArray[np.uint64], ids: I64, dim: int, std: float) -> F32:
     base = splitmix64(as_uint64(ids) ^ mix)
     cols = np.arange(1, dim + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
     x = splitmix64(base[:, None] ^ cols[None, :])
@@ -112,6 +119,15 @@ def init_rows(table: str, ids: I64, dim: int, seed: int = 0, std: float = DEFAUL
     u2 = (x & np.uint64(0xFFFFFFFF)).astype(np.float64) * (1.0 / 4294967296.0)
     z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
     return (z * std).astype(np.float32)
+
+
+def _mix(table: str, seed: int) -> np.uint64:
+    return np.uint64(splitmix64(np.array([seed], dtype=np.uint64))[0] ^ table_salt(table))
+
+
+def init_rows(table: str, ids: I64, dim: int, seed: int = 0, std: float = DEFAULT_INIT_STD) -> F32:
+    """Deterministic normal(0, std) rows for ``ids``: a function of (seed, table, id) only."""
+    return _init_mixed(np.full(len(ids), _mix(table, seed), np.uint64), ids, dim, std)
 
 
 def _search(keys: I64, vals: I64, q: I64) -> I64:
@@ -126,43 +142,139 @@ def _search(keys: I64, vals: I64, q: I64) -> I64:
 # --- the state -------------------------------------------------------------------------------
 
 
+def _f32(a: npt.ArrayLike, shape: tuple[int, ...]) -> F32:
+    """``a`` as float32 of ``shape`` (a view when it already is float32; read-only wire
+    buffers are fine: updates only read gradients)."""
+    return np.asarray(a, dtype=np.float32).reshape(shape)
+
+
+class _Arena:
+    """The rows of every table of one dim on this PS, with their optimizer slots.
+
+    One float32 matrix for the weights and one per optimizer slot (Adagrad: 1, Adam: 2, SGD:
+    0), grown geometrically (×1.5: a new id costs an amortised O(1), never a copy of the
+    table per id). Sharing it across tables makes a step's lookups and its optimizer update a
+    few vectorised numpy ops for all its tables together. ``lock`` guards it and the
+    indexes of its tables: a step takes it once for its push and its pull."""
+
+    def __init__(self, dim: int, opt: str) -> None:
+        self.dim = dim
+        self.lock = threading.Lock()
+        self.n = 0
+        self.opt = opt
+        self.updated = False
+        self.token = secrets.randbits(62)  # names this arena's row numbering
+        self.weights: F32 = np.empty((0, dim), np.float32)
+        self.slots: list[F32] = [np.empty((0, dim), np.float32) for _ in range(optim.SLOTS[opt])]
+
+    def alloc(self, k: int) -> I64:
+        """``k`` new rows (slots zeroed; the caller writes their weights)."""
+        n = self.n + k
+        cap = self.weights.shape[0]
+        if n > cap:
+            new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
+
+            def grow(old: F32) -> F32:
+                new = np.empty((new_cap, self.dim), np.float32)
+                new[: self.n] = old[: self.n]
+                return new
+
+            self.weights = grow(self.weights)
+            self.slots = [grow(s) for s in self.slots]
+        for s in self.slots:
+            s[self.n : n] = 0.0
+        rows = np.arange(self.n, n, dtype=np.int64)
+        self.n = n
+        return rows
+
+    def use_optimizer(self, cfg: optim.OptimizerConfig, what: str) -> None:
+        """Make the slots fit ``cfg``: set on the first update; once updated with one
+        optimizer, another is refused."""
+        if cfg.name == self.opt:
+            return
+        if self.updated:
+            raise ValueError(
+                f"{what} is trained with {self.opt} on this PS; this push asks for {cfg.name} "
+                "(a job keeps one training.optimizer.name)"
+            )
+        cap = self.weights.shape[0]
+        self.slots = [np.zeros((cap, self.dim), np.float32) for _ in range(cfg.slots)]
+        self.opt = cfg.name
+
+    def update(
+        self,
+        rows: I64,
+        grads: F32,
+        cfg: optim.OptimizerConfig,
+        steps: npt.NDArray[np.int64] | int,
+    ) -> None:
+        """Apply ``cfg`` to the unique ``rows`` with their summed ``grads``; ``steps`` is the
+        update count of each row's table (per row, or one for all)."""
+        self.use_optimizer(cfg, "this table")
+        self.updated = True
+        optim.sparse_update(cfg, self.weights, self.slots, rows, grads, steps)
+
+    def allocated_bytes(self) -> int:
+        return int(self.weights.nbytes + sum(s.nbytes for s in self.slots))
+
+
 class _Table:
-    """One embedding table's rows on this PS.
+    """One embedding table on this PS: its id → arena row index and its update count.
 
-    The id → row index is two sorted arrays (a large main level and a small delta level that
-    new ids are merged into, folded into the main level when it grows past 1/32 of it), so
-    lookups and inserts are vectorised binary searches and the index costs 16 bytes a row."""
+    The index is two sorted arrays (a large main level and a small delta level that new ids
+    are merged into, folded into the main level when it grows past 1/32 of it), so lookups and
+    inserts are vectorised binary searches and the index costs 16 bytes a row. The caller
+    holds ``arena.lock``."""
 
-    def __init__(self, name: str, dim: int, seed: int, init_std: float) -> None:
+    def __init__(self, name: str, dim: int, seed: int, init_std: float, arena: _Arena) -> None:
         self.name = name
         self.dim = dim
         self.seed = seed
         self.init_std = init_std
-        self.lock = threading.Lock()
+        self.arena = arena
+        self.mix = _mix(name, seed)
         self.n = 0
-        self.weights: F32 = np.empty((0, dim), np.float32)
-        self.accum: F32 = np.empty((0, dim), np.float32)
-        self.row_ids: I64 = np.empty(0, np.int64)
+        self.steps = 0  # updates applied (Adam's bias correction)
+        self.row_ids: I64 = np.empty(0, np.int64)  # id of each of this table's rows
+        self.arena_rows: I64 = np.empty(0, np.int64)  # and where it lives in the arena
         self._keys: I64 = np.empty(0, np.int64)
         self._rows: I64 = np.empty(0, np.int64)
         self._dkeys: I64 = np.empty(0, np.int64)
         self._drows: I64 = np.empty(0, np.int64)
 
-    # callers hold self.lock for everything below
+    @property
+    def lock(self) -> threading.Lock:
+        return self.arena.lock
 
-    def _reserve(self, n: int) -> None:
-        cap = self.weights.shape[0]
-        if n <= cap:
-            return
-        new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
-        for attr in ("weights", "accum"):
-            old = getattr(self, attr)
-            new = np.empty((new_cap, self.dim), np.float32)
-            new[: self.n] = old[: self.n]
-            setattr(self, attr, new)
-        ids = np.empty(new_cap, np.int64)
-        ids[: self.n] = self.row_ids[: self.n]
-        self.row_ids = ids
+    @property
+    def opt(self) -> str:
+        return self.arena.opt
+
+    @property
+    def weights(self) -> F32:
+        """This table's rows, in row order (a copy)."""
+        return self.arena.weights[self.arena_rows[: self.n]]
+
+    @property
+    def accum(self) -> F32:
+        """This table's optimizer state, slots side by side: ``[n, slots·dim]`` (a copy)."""
+        r = self.arena_rows[: self.n]
+        if not self.arena.slots:
+            return np.empty((self.n, 0), np.float32)
+        return np.concatenate([s[r] for s in self.arena.slots], axis=1)
+
+    def _append(self, new_ids: I64, new_rows: I64) -> None:
+        n, k = self.n, new_ids.size
+        if n + k > self.row_ids.size:
+            cap = max(n + k, int(self.row_ids.size * _GROWTH), _MIN_CAPACITY)
+            ids = np.empty(cap, np.int64)
+            ids[:n] = self.row_ids[:n]
+            rows = np.empty(cap, np.int64)
+            rows[:n] = self.arena_rows[:n]
+            self.row_ids, self.arena_rows = ids, rows
+        self.row_ids[n : n + k] = new_ids
+        self.arena_rows[n : n + k] = new_rows
+        self.n = n + k
 
     def _index_insert(self, new_ids: I64, new_rows: I64) -> None:
         """Insert sorted, absent ``new_ids`` into the delta level."""
@@ -176,58 +288,93 @@ class _Table:
             self._dkeys = np.empty(0, np.int64)
             self._drows = np.empty(0, np.int64)
 
-    def rows_for(self, uniq: I64) -> tuple[I64, int]:
-        """Rows of the sorted unique ``uniq`` ids, creating absent ones; returns (rows, created)."""
+    def lookup(self, uniq: I64) -> tuple[I64, I64, I64]:
+        """Arena rows of the sorted unique ``uniq`` ids, creating absent ones (their weights
+        not written yet): ``(rows, new ids, their rows)``."""
         rows = _search(self._keys, self._rows, uniq)
         miss = rows < 0
         if self._dkeys.size and miss.any():
             rows[miss] = _search(self._dkeys, self._drows, uniq[miss])
             miss = rows < 0
         k = int(np.count_nonzero(miss))
-        if k:
-            new_ids = uniq[miss]
-            new_rows = np.arange(self.n, self.n + k, dtype=np.int64)
-            self._reserve(self.n + k)
-            self.weights[self.n : self.n + k] = init_rows(
+        if not k:
+            return rows, uniq[:0], rows[:0]
+        new_ids = uniq[miss]
+        new_rows = self.arena.alloc(k)
+        rows[miss] = new_rows
+        self._append(new_ids, new_rows)
+        self._index_insert(new_ids, new_rows)
+        return rows, new_ids, new_rows
+
+    def rows_for(self, uniq: I64) -> tuple[I64, int]:
+        """Arena rows of the sorted unique ``uniq`` ids, creating (and initialising) absent
+        ones; returns (rows, created)."""
+        rows, new_ids, new_rows = self.lookup(uniq)
+        if new_ids.size:
+            self.arena.weights[new_rows] = init_rows(
                 self.name, new_ids, self.dim, self.seed, self.init_std
             )
-            self.accum[self.n : self.n + k] = 0.0
-            self.row_ids[self.n : self.n + k] = new_ids
-            self.n += k
-            rows[miss] = new_rows
-            self._index_insert(new_ids, new_rows)
-        return rows, k
+        return rows, int(new_ids.size)
+
+    def gather(self, ids: I64) -> tuple[F32, int]:
+        """Rows of ``ids`` (any order, duplicates allowed), creating absent ones."""
+        if ids.size == 0:
+            return np.empty((0, self.dim), np.float32), 0
+        if ids.size == 1 or bool(np.all(ids[1:] > ids[:-1])):
+            rows, created = self.rows_for(ids)
+            return self.arena.weights[rows], created
+        uniq, inv = np.unique(ids, return_inverse=True)
+        rows, created = self.rows_for(uniq)
+        return self.arena.weights[rows[inv]], created
+
+    def update(self, uniq: I64, grads: F32, cfg: optim.OptimizerConfig) -> None:
+        """Apply ``cfg`` with the summed ``grads`` of the sorted unique ``uniq`` ids."""
+        self.arena.use_optimizer(cfg, f"table {self.name!r}")
+        rows, _ = self.rows_for(uniq)
+        self.steps += 1
+        self.arena.update(rows, grads, cfg, self.steps)
 
     def load(self, state: ckpt.TableState) -> None:
+        """Fill this (new, empty) table from ``state`` (the arena takes its optimizer)."""
         n = state.rows
+        self.arena.use_optimizer(optim.OptimizerConfig(state.optimizer), f"table {self.name!r}")
+        slots = optim.SLOTS[self.arena.opt]
+        if state.accum.shape != (n, slots * self.dim):
+            raise ckpt.CheckpointError(
+                f"table {self.name!r}: optimizer state of shape {state.accum.shape} does not fit "
+                f"{state.optimizer} ({n} rows × {slots} slots × dim {self.dim})"
+            )
+        if state.steps > 0:
+            self.arena.updated = True
+        self.steps = state.steps
+        rows = self.arena.alloc(n)
+        self.arena.weights[rows] = state.weights
+        for j, s in enumerate(self.arena.slots):
+            s[rows] = state.accum[:, j * self.dim : (j + 1) * self.dim]
         self.n = 0
-        self.weights = np.empty((0, self.dim), np.float32)
-        self.accum = np.empty((0, self.dim), np.float32)
-        self.row_ids = np.empty(0, np.int64)
-        self._reserve(n)
-        self.weights[:n] = state.weights
-        self.accum[:n] = state.accum
-        self.row_ids[:n] = state.ids
-        self.n = n
+        self._append(np.ascontiguousarray(state.ids, dtype=np.int64), rows)
         order = np.argsort(state.ids, kind="stable")
         self._keys = np.ascontiguousarray(state.ids[order], dtype=np.int64)
-        self._rows = order.astype(np.int64)
+        self._rows = rows[order]
         self._dkeys = np.empty(0, np.int64)
         self._drows = np.empty(0, np.int64)
         if n and bool(np.any(self._keys[1:] == self._keys[:-1])):
             raise ckpt.CheckpointError(f"table {self.name!r}: duplicate ids in the restored state")
 
     def snapshot(self) -> ckpt.TableState:
-        n = self.n
         return ckpt.TableState(
-            self.dim, self.row_ids[:n].copy(), self.weights[:n].copy(), self.accum[:n].copy()
+            self.dim,
+            self.row_ids[: self.n].copy(),
+            self.weights,
+            self.accum,
+            optimizer=self.opt,
+            steps=self.steps,
         )
 
     def allocated_bytes(self) -> int:
         return int(
-            self.weights.nbytes
-            + self.accum.nbytes
-            + self.row_ids.nbytes
+            self.row_ids.nbytes
+            + self.arena_rows.nbytes
             + self._keys.nbytes
             + self._rows.nbytes
             + self._dkeys.nbytes
@@ -235,11 +382,42 @@ class _Table:
         )
 
 
+@dataclass
+class _Dense:
+    weight: F32
+    slots: list[F32]
+    opt: str
+    steps: int = 0
+
+    def use_optimizer(self, name: str, cfg: optim.OptimizerConfig) -> None:
+        if cfg.name == self.opt:
+            return
+        if self.steps > 0:
+            raise ValueError(
+                f"dense parameter {name!r} is trained with {self.opt} on this PS; this push asks "
+                f"for {cfg.name} (a job keeps one training.optimizer.name)"
+            )
+        self.slots = [np.zeros_like(self.weight) for _ in range(cfg.slots)]
+        self.opt = cfg.name
+
+    @property
+    def accum(self) -> F32:
+        if len(self.slots) == 1:
+            return self.slots[0]
+        return np.stack(self.slots) if self.slots else np.empty((0,), np.float32)
+
+
+def _config(opt: str | None, lr: float, eps: float | None) -> optim.OptimizerConfig:
+    name = opt or "adagrad"
+    return optim.OptimizerConfig(name, lr, eps if name == "adagrad" else None)
+
+
 class PSShard:
     """The parameters and optimizer state one PS holds; thread-safe (a lock per table).
 
-    Sparse and dense parameters are updated with Adagrad:
-    ``accum += g²; w -= lr · g / (sqrt(accum) + eps)``, duplicate ids summed first."""
+    Pushes apply the optimizer they name (Adagrad by default, Adam, SGD: :mod:`.optim`, torch's
+    update rules), duplicate ids summed first. ``eps`` overrides Adagrad's epsilon (default
+    torch's 1e-10)."""
 
     def __init__(
         self,
@@ -247,26 +425,40 @@ class PSShard:
         num_ps: int = 1,
         seed: int = 0,
         init_std: float = DEFAULT_INIT_STD,
-        eps: float = DEFAULT_EPS,
+        eps: float | None = None,
+        optimizer: str = "adagrad",
     ) -> None:
         self.index = index
         self.num_ps = num_ps
         self.seed = seed
         self.init_std = init_std
         self.eps = eps
+        self.optimizer = optim.OptimizerConfig(optimizer).name  # default for new tables
         self._tables: dict[str, _Table] = {}
-        self._tables_lock = threading.Lock()
-        self._dense: dict[str, tuple[F32, F32]] = {}
+        self._arenas: dict[int, _Arena] = {}
+        self._tables_lock = threading.RLock()
+        self._dense: dict[str, _Dense] = {}
         self._dense_lock = threading.Lock()
         self._counter_lock = threading.Lock()
-        self.step = 0  # push calls applied (sparse or dense)
+        self.step = 0  # push calls applied (sparse or dense; a Step call counts once)
         self.version = 0  # changes of any kind, for "anything to checkpoint?"
         self.pull_calls = 0
         self.push_calls = 0
+        self.step_calls = 0
         self.pulled_ids = 0
         self.pushed_ids = 0
 
+    def config(self, opt: str | None = None, lr: float = DEFAULT_LR) -> optim.OptimizerConfig:
+        return _config(opt or self.optimizer, lr, self.eps)
+
     # --- tables ---
+
+    def _arena(self, dim: int) -> _Arena:
+        a = self._arenas.get(dim)
+        if a is None:
+            with self._tables_lock:
+                a = self._arenas.setdefault(dim, _Arena(dim, self.optimizer))
+        return a
 
     def table(self, name: str, dim: int) -> _Table:
         t = self._tables.get(name)
@@ -276,9 +468,20 @@ class PSShard:
             with self._tables_lock:
                 t = self._tables.get(name)
                 if t is None:
-                    t = self._tables[name] = _Table(name, dim, self.seed, self.init_std)
+                    t = self._tables[name] = _Table(
+                        name, dim, self.seed, self.init_std, self._arena(dim)
+                    )
         if t.dim != dim:
             raise ValueError(f"table {name!r} has dim {t.dim} on this PS, the caller says {dim}")
+        return t
+
+    def _table_for(self, name: str, dim: int | None, grads: Any = None) -> _Table:
+        t = self._tables.get(name) if dim is None else self.table(name, dim)
+        if t is None:
+            if grads is None:
+                raise ValueError(f"unknown table {name!r}: give its dim on first use")
+            g = np.asarray(grads)
+            t = self.table(name, int(g.shape[-1]) if g.ndim else 0)
         return t
 
     @property
@@ -296,10 +499,12 @@ class PSShard:
         pulled: int = 0,
         pushed: int = 0,
         changed: bool = False,
+        steps: int = 0,
     ) -> None:
         with self._counter_lock:
             self.pull_calls += pulls
             self.push_calls += pushes
+            self.step_calls += steps
             self.step += pushes
             self.pulled_ids += pulled
             self.pushed_ids += pushed
@@ -308,20 +513,9 @@ class PSShard:
 
     def _pull_one(self, table: str, ids: npt.ArrayLike, dim: int | None) -> tuple[F32, int]:
         i = np.asarray(ids, dtype=np.int64).reshape(-1)
-        t = self._tables.get(table) if dim is None else self.table(table, dim)
-        if t is None:
-            raise ValueError(f"unknown table {table!r}: give its dim on first use")
-        if i.size == 0:
-            return np.empty((0, t.dim), np.float32), 0
-        presorted = i.size == 1 or bool(np.all(i[1:] > i[:-1]))
-        if presorted:
-            with t.lock:
-                rows, created = t.rows_for(i)
-                return t.weights[rows], created
-        uniq, inv = np.unique(i, return_inverse=True)
+        t = self._table_for(table, dim)
         with t.lock:
-            rows, created = t.rows_for(uniq)
-            return t.weights[rows[inv]], created
+            return t.gather(i)
 
     def pull(self, table: str, ids: npt.ArrayLike, dim: int | None = None) -> F32:
         """Rows of ``ids``, shape ``ids.shape + (dim,)``; absent ids get their deterministic
@@ -342,23 +536,20 @@ class PSShard:
         return outs
 
     def _push_one(
-        self, table: str, ids: npt.ArrayLike, grads: npt.ArrayLike, lr: float, dim: int | None
+        self,
+        table: str,
+        ids: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        cfg: optim.OptimizerConfig,
+        dim: int | None,
     ) -> int:
-        t = self._tables.get(table) if dim is None else self.table(table, dim)
-        if t is None:
-            g = np.asarray(grads)
-            t = self.table(table, int(g.shape[-1]) if g.ndim else 0)
+        t = self._table_for(table, dim, grads)
         uniq, g = aggregate(ids, grads, t.dim)
         if uniq.size == 0:
             return 0
-        eps = np.float32(self.eps)
-        lr32 = np.float32(lr)
+        gt = _f32(g, (uniq.size, t.dim))
         with t.lock:
-            rows, _ = t.rows_for(uniq)
-            acc = t.accum[rows]
-            acc += g * g
-            t.accum[rows] = acc
-            t.weights[rows] -= lr32 * g / (np.sqrt(acc) + eps)
+            t.update(uniq, gt, cfg)
         return int(uniq.size)
 
     def push(
@@ -368,19 +559,122 @@ class PSShard:
         grads: npt.ArrayLike,
         lr: float = DEFAULT_LR,
         dim: int | None = None,
+        opt: str | None = None,
     ) -> None:
-        """Apply Adagrad with ``grads`` ([n, dim]) to the rows of ``ids``; duplicates are summed."""
-        n = self._push_one(table, ids, grads, lr, dim)
+        """Apply the optimizer with ``grads`` ([n, dim]) to the rows of ``ids``; duplicates are
+        summed. ``opt`` None: this shard's default optimizer."""
+        n = self._push_one(table, ids, grads, self.config(opt, lr), dim)
         self._count(pushes=1, pushed=n)
 
     def push_many(
         self,
         updates: Sequence[tuple[str, npt.ArrayLike, npt.ArrayLike, int | None]],
         lr: float = DEFAULT_LR,
+        opt: str | None = None,
     ) -> None:
         """Several tables in one step: ``[(table, ids, grads, dim), ...]``."""
-        n = sum(self._push_one(t, i, g, lr, d) for t, i, g, d in updates)
+        cfg = self.config(opt, lr)
+        n = sum(self._push_one(t, i, g, cfg, d) for t, i, g, d in updates)
         self._count(pushes=1, pushed=n)
+
+    def _lookup_all(self, arena: _Arena, segs: Sequence[tuple[_Table, I64]]) -> tuple[I64, int]:
+        """Arena rows of each segment's sorted unique ids, in order; new rows initialised in
+        one vectorised call for all tables. The caller holds ``arena.lock``."""
+        parts, mixes, new_ids, new_rows = [], [], [], []
+        for t, ids in segs:
+            r, ni, nr = t.lookup(ids)
+            parts.append(r)
+            if ni.size:
+                mixes.append(np.full(ni.size, t.mix, np.uint64))
+                new_ids.append(ni)
+                new_rows.append(nr)
+        if new_ids:
+            arena.weights[np.concatenate(new_rows)] = _init_mixed(
+                np.concatenate(mixes), np.concatenate(new_ids), arena.dim, self.init_std
+            )
+        created = sum(a.size for a in new_ids)
+        if not parts:
+            return np.empty(0, np.int64), created
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0]), created
+
+    def step_many(
+        self,
+        pushes: Sequence[tuple[str, I64, int]],
+        push_grads: F32 | None,
+        pulls: Sequence[tuple[str, I64, int]],
+        cfg: optim.OptimizerConfig,
+        dense_grads: Mapping[str, npt.ArrayLike] | None = None,
+        want_dense: bool = False,
+        push_rows: tuple[int, I64] | None = None,
+    ) -> tuple[F32 | None, dict[str, F32], tuple[int, I64] | None]:
+        """One worker step: apply ``pushes`` (per table: its *sorted unique* ids and dim; their
+        summed gradients concatenated in ``push_grads`` ``[Σ ids, dim]``) and ``dense_grads``,
+        then read ``pulls`` (per table: sorted unique ids, dim; rows returned concatenated in
+        that order) and, if ``want_dense``, every dense parameter.
+
+        All tables of one dim share an arena: the step takes its lock once, looks the ids up
+        table by table, and does the optimizer update and the read as one vectorised op each.
+
+        Returns (rows read, dense parameters, ``(arena token, arena rows of the pulled ids)``).
+        A push that sends those back as ``push_rows`` skips its id lookups when the token is
+        still this arena's (same process, no restore since: rows never move in an arena)."""
+        dims = {d for _, _, d in pushes} | {d for _, _, d in pulls}
+        if len(dims) > 1:
+            raise ValueError(f"one step's tables must share one dim; got {sorted(dims)}")
+        values: F32 | None = None
+        hint: tuple[int, I64] | None = None
+        pushed = pulled = created = 0
+        if dims:
+            dim = dims.pop()
+            push_t = [(self.table(n, d), ids) for n, ids, d in pushes]
+            pull_t = [(self.table(n, d), ids) for n, ids, d in pulls]
+            arena = self._arena(dim)
+            with arena.lock:
+                if push_t and push_grads is not None and push_grads.shape[0]:
+                    arena.use_optimizer(cfg, f"table {push_t[0][0].name!r}")
+                    total = sum(int(ids.size) for _, ids in push_t)
+                    if (
+                        push_rows is not None
+                        and push_rows[0] == arena.token
+                        and push_rows[1].size == total
+                        and (total == 0 or int(push_rows[1].min()) >= 0)
+                        and (total == 0 or int(push_rows[1].max()) < arena.n)
+                    ):
+                        rows = push_rows[1]
+                    else:
+                        rows, c = self._lookup_all(arena, push_t)
+                        created += c
+                    steps: npt.NDArray[np.int64] | int = 0
+                    for t, ids in push_t:
+                        if ids.size:
+                            t.steps += 1
+                    if cfg.name == "adam":
+                        steps = np.repeat(
+                            np.array([t.steps for t, _ in push_t], np.int64),
+                            [ids.size for _, ids in push_t],
+                        )
+                    arena.update(rows, push_grads, cfg, steps)
+                    pushed = int(rows.size)
+                if pull_t:
+                    rows, c = self._lookup_all(arena, pull_t)
+                    created += c
+                    values = arena.weights[rows]
+                    pulled = int(rows.size)
+                    hint = (arena.token, rows)
+        dense: dict[str, F32] = {}
+        if dense_grads:
+            self._apply_dense(dense_grads, cfg)
+        if want_dense:
+            dense = self.pull_dense()
+        self._count(
+            pushes=int(pushed > 0 or bool(dense_grads)),
+            pulled=pulled,
+            pushed=pushed,
+            changed=created > 0,
+            steps=1,
+            pulls=int(bool(pulls)),
+        )
+        return values, dense, hint
 
     # --- dense ---
 
@@ -392,7 +686,8 @@ class PSShard:
                 if name in self._dense:
                     continue
                 w = np.array(value, dtype=np.float32, copy=True)
-                self._dense[name] = (w, np.zeros_like(w))
+                slots = [np.zeros_like(w) for _ in range(optim.SLOTS[self.optimizer])]
+                self._dense[name] = _Dense(w, slots, self.optimizer)
                 created.append(name)
         if created:
             self._count(changed=True)
@@ -401,11 +696,9 @@ class PSShard:
     def pull_dense(self, names: Sequence[str] | None = None) -> dict[str, F32]:
         with self._dense_lock:
             keys = list(self._dense) if names is None else [n for n in names if n in self._dense]
-            return {n: self._dense[n][0].copy() for n in keys}
+            return {n: self._dense[n].weight.copy() for n in keys}
 
-    def push_dense(self, grads: Mapping[str, npt.ArrayLike], lr: float = DEFAULT_LR) -> None:
-        eps = np.float32(self.eps)
-        lr32 = np.float32(lr)
+    def _apply_dense(self, grads: Mapping[str, npt.ArrayLike], cfg: optim.OptimizerConfig) -> None:
         with self._dense_lock:
             for name in grads:
                 if name not in self._dense:
@@ -413,10 +706,18 @@ class PSShard:
                         f"dense parameter {name!r} is not on PS {self.index}; init_dense it first"
                     )
             for name, grad in grads.items():
-                w, acc = self._dense[name]
-                g = np.asarray(grad, dtype=np.float32).reshape(w.shape)
-                acc += g * g
-                w -= lr32 * g / (np.sqrt(acc) + eps)
+                d = self._dense[name]
+                d.use_optimizer(name, cfg)
+                d.steps += 1
+                optim.dense_update(cfg, d.weight, d.slots, _f32(grad, d.weight.shape), d.steps)
+
+    def push_dense(
+        self,
+        grads: Mapping[str, npt.ArrayLike],
+        lr: float = DEFAULT_LR,
+        opt: str | None = None,
+    ) -> None:
+        self._apply_dense(grads, self.config(opt, lr))
         self._count(pushes=1)
 
     # --- state ---
@@ -430,24 +731,38 @@ class PSShard:
             with t.lock:
                 state.tables[name] = t.snapshot()
         with self._dense_lock:
-            for name, (w, acc) in self._dense.items():
-                state.dense[name] = ckpt.DenseState(w.copy(), acc.copy())
+            for name, d in self._dense.items():
+                state.dense[name] = ckpt.DenseState(
+                    d.weight.copy(), d.accum.copy(), optimizer=d.opt, steps=d.steps
+                )
         return state
 
     def restore(self, state: ckpt.ShardState) -> None:
         """Replace everything with ``state`` (index and num_ps stay this shard's)."""
         tables = {}
+        arenas: dict[int, _Arena] = {}
         for name, ts in state.tables.items():
-            t = _Table(name, ts.dim, self.seed, self.init_std)
+            arena = arenas.setdefault(ts.dim, _Arena(ts.dim, ts.optimizer))
+            t = _Table(name, ts.dim, self.seed, self.init_std, arena)
             t.load(ts)
             tables[name] = t
+        dense = {}
+        for n, d in state.dense.items():
+            w = d.weight.astype(np.float32, copy=True)
+            k = optim.SLOTS[d.optimizer]
+            acc = d.accum.astype(np.float32, copy=True)
+            if acc.size != k * w.size:
+                raise ckpt.CheckpointError(
+                    f"dense parameter {n!r}: optimizer state of {acc.size} values does not fit "
+                    f"{d.optimizer} ({k} slots of {w.size})"
+                )
+            slots = [s.reshape(w.shape).copy() for s in acc.reshape(k, -1)] if k else []
+            dense[n] = _Dense(w, slots, d.optimizer, d.steps)
         with self._tables_lock:
             self._tables = tables
+            self._arenas = arenas
         with self._dense_lock:
-            self._dense = {
-                n: (d.weight.astype(np.float32, copy=True), d.accum.astype(np.float32, copy=True))
-                for n, d in state.dense.items()
-            }
+            self._dense = dense
         with self._counter_lock:
             self.step = state.step
             self.version += 1
@@ -464,18 +779,23 @@ class PSShard:
         for name, t in list(self._tables.items()):
             with t.lock:
                 n, alloc_t = t.n, t.allocated_bytes()
-            tables[name] = {"rows": n, "dim": t.dim}
+            tables[name] = {"rows": n, "dim": t.dim, "optimizer": t.opt}
             param += n * t.dim * 4
-            state_b += n * t.dim * 4
+            state_b += n * t.dim * 4 * (1 + len(t.arena.slots))
             alloc += alloc_t
+        for arena in list(self._arenas.values()):
+            with arena.lock:
+                alloc += arena.allocated_bytes()
         with self._dense_lock:
-            dense_b = sum(w.nbytes for w, _ in self._dense.values())
+            dense_b = sum(d.weight.nbytes for d in self._dense.values())
+            dense_state_b = sum(d.weight.nbytes * (1 + len(d.slots)) for d in self._dense.values())
             dense_n = len(self._dense)
         with self._counter_lock:
             counters = {
                 "step": self.step,
                 "pull_calls": self.pull_calls,
                 "push_calls": self.push_calls,
+                "step_calls": self.step_calls,
                 "pulled_ids": self.pulled_ids,
                 "pushed_ids": self.pushed_ids,
             }
@@ -486,8 +806,8 @@ class PSShard:
             "rows": sum(t["rows"] for t in tables.values()),
             "dense_params": dense_n,
             "param_bytes": param + dense_b,
-            "state_bytes": state_b + dense_b,
-            "allocated_bytes": alloc + 2 * dense_b,
+            "state_bytes": state_b + dense_state_b,
+            "allocated_bytes": alloc + dense_state_b,
             **counters,
         }
 
@@ -501,21 +821,30 @@ def _bad(message: str) -> wire.RpcError:
     return wire.RpcError(message, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
-    tables = list(msg.get("tables", []))
-    dims = [int(d) for d in msg.get("dims", [])]
-    counts = [int(c) for c in msg.get("counts", [])]
+def _split(msg: wire.Message, prefix: str, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
+    """Per table (name, ids, grads or None, dim) of the request's ``{prefix}tables`` etc."""
+    tables = list(msg.get(prefix + "tables", []))
+    dims = [int(d) for d in msg.get(prefix + "dims", [])]
+    counts = [int(c) for c in msg.get(prefix + "counts", [])]
     if not (len(tables) == len(dims) == len(counts)):
-        raise _bad("tables, dims and counts must have the same length")
-    ids = msg.arrays.get("ids", np.empty(0, np.int64))
+        raise _bad(f"{prefix}tables, {prefix}dims and {prefix}counts must have the same length")
+    if any(c < 0 for c in counts) or any(d < 1 for d in dims):
+        raise _bad(f"{prefix}counts must be >= 0 and {prefix}dims >= 1")
+    ids = msg.arrays.get(prefix + "ids", np.empty(0, np.int64))
+    if ids.dtype != np.int64:
+        raise _bad(f"{prefix}ids must be int64, got {ids.dtype}")
     if ids.size != sum(counts):
-        raise _bad(f"counts add up to {sum(counts)} but {ids.size} ids were sent")
-    grads = msg.arrays.get("grads") if with_grads else None
+        raise _bad(f"{prefix}counts add up to {sum(counts)} but {ids.size} ids were sent")
+    grads = None
     if with_grads:
+        grads = wire.as_float32(msg, prefix + "grads")
         want = sum(c * d for c, d in zip(counts, dims, strict=True))
+        if grads is None and want == 0:
+            grads = np.empty(0, np.float32)
         if grads is None or grads.size != want:
             got = None if grads is None else grads.size
             raise _bad(f"expected {want} gradient values, got {got}")
+        grads = grads.reshape(-1)
     out = []
     i = g = 0
     for name, dim, c in zip(tables, dims, counts, strict=True):
@@ -524,6 +853,21 @@ def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, 
         i += c
         g += c * dim
     return out
+
+
+def _segments_sorted_unique(parts: Sequence[I64]) -> bool:
+    """Whether every part is strictly increasing (sorted, no duplicates)."""
+    return all(p.size < 2 or bool(np.all(p[1:] > p[:-1])) for p in parts)
+
+
+def _split_request(msg: wire.Message, with_grads: bool) -> list[tuple[str, Any, Any, int]]:
+    return _split(msg, "", with_grads)
+
+
+DENSE_GRAD = "dg:"
+"""Prefix of a dense gradient's array name in a Step request (``dg:<parameter name>``)."""
+DENSE_VALUE = "d:"
+"""Prefix of a dense parameter's array name in a Step reply."""
 
 
 class PSServer:
@@ -552,6 +896,8 @@ class PSServer:
         self._ckpt_lock = threading.Lock()
         self.tag = -1  # the master's done_seq last heard (checkpoints are tagged with it)
         self.frozen = False
+        self._calls = threading.Condition()
+        self._in_flight = 0
 
     @property
     def address(self) -> str:
@@ -559,6 +905,7 @@ class PSServer:
 
     def handlers(self) -> dict[str, wire.Handler]:
         data: dict[str, wire.Handler] = {
+            "Step": self._step,
             "Pull": self._pull,
             "Push": self._push,
             "PullDense": self._pull_dense,
@@ -575,18 +922,29 @@ class PSServer:
 
     def _unless_frozen(self, name: str, fn: wire.Handler) -> wire.Handler:
         def call(msg: wire.Message) -> Any:
-            if self.frozen:
-                raise wire.RpcError(
-                    f"PS {self.shard.index} is frozen for a PS-set change: {name} refused; "
-                    "wait for the new PS set",
-                    grpc.StatusCode.UNAVAILABLE,
-                )
-            return fn(msg)
+            with self._calls:
+                if self.frozen:
+                    raise wire.RpcError(
+                        f"PS {self.shard.index} is frozen for a PS-set change: {name} refused; "
+                        "wait for the new PS set",
+                        grpc.StatusCode.UNAVAILABLE,
+                    )
+                self._in_flight += 1
+            try:
+                return fn(msg)
+            finally:
+                with self._calls:
+                    self._in_flight -= 1
+                    self._calls.notify_all()
 
         return call
 
     def _freeze(self, msg: wire.Message) -> dict[str, Any]:
-        self.frozen = bool(msg.get("frozen", True))
+        with self._calls:
+            self.frozen = bool(msg.get("frozen", True))
+            # a frozen PS answers only once the data calls already inside have finished: the
+            # checkpoint that follows holds every push it ever applied
+            self._calls.wait_for(lambda: self._in_flight == 0, timeout=30.0)
         log.info("PS %d %s", self.shard.index, "frozen" if self.frozen else "unfrozen")
         return {"frozen": self.frozen}
 
@@ -623,6 +981,84 @@ class PSServer:
 
     # handlers
 
+    def _cfg(self, msg: wire.Message) -> optim.OptimizerConfig:
+        lr = msg.get("lr")
+        try:
+            lr_f = float(lr if lr is not None else self.lr)
+            return self.shard.config(msg.get("opt"), lr_f)
+        except (TypeError, ValueError) as e:
+            raise _bad(str(e)) from e
+
+    def _step(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Push (sparse and dense), then pull (sparse and, if asked, dense): one round trip.
+
+        The worker sends each table's ids sorted and unique (its :class:`StepPlan` does); a
+        request that does not is still served right, through a slower path."""
+        cfg = self._cfg(msg)
+        push_parts = _split(msg, "push_", with_grads=True)
+        pull_parts = _split(msg, "", with_grads=False)
+        pushes: list[tuple[str, I64, int]] = []
+        grads: F32 | None = None
+        fast_push = False  # ids exactly as the worker's plan sent them
+        if push_parts:
+            dim = push_parts[0][3]
+            if _segments_sorted_unique([p[1] for p in push_parts]) and all(
+                p[3] == dim for p in push_parts
+            ):
+                pushes = [(n, i, d) for n, i, _, d in push_parts]
+                fast_push = True
+                flat = wire.as_float32(msg, "push_grads")
+                assert flat is not None
+                grads = _f32(flat, (-1, dim))
+            else:
+                gs = []
+                for name, ids, g, d in push_parts:
+                    try:
+                        uniq, agg = aggregate(ids, g, d)
+                    except ValueError as e:
+                        raise _bad(str(e)) from e
+                    pushes.append((name, uniq, d))
+                    gs.append(agg)
+                grads = _f32(np.concatenate(gs), (-1, dim)) if gs else None
+        pulls = [(n, i, d) for n, i, _, d in pull_parts]
+        expand: I64 | None = None
+        if pulls and not _segments_sorted_unique([p[1] for p in pulls]):
+            uniq_pulls, invs, off = [], [], 0
+            for name, ids, d in pulls:
+                u, inv = np.unique(ids, return_inverse=True)
+                uniq_pulls.append((name, u, d))
+                invs.append(inv + off)
+                off += u.size
+            pulls, expand = uniq_pulls, np.concatenate(invs)
+        dense_grads = {
+            k[len(DENSE_GRAD) :]: a for k, a in msg.arrays.items() if k.startswith(DENSE_GRAD)
+        }
+        hint_in = None
+        token, hint_rows = msg.get("push_rows_token"), msg.arrays.get("push_rows")
+        ok = fast_push and token is not None and hint_rows is not None
+        if ok and hint_rows is not None and hint_rows.dtype == np.int64:
+            hint_in = (int(token), hint_rows)
+        try:
+            values, dense, hint = self.shard.step_many(
+                pushes, grads, pulls, cfg, dense_grads, bool(msg.get("want_dense")), hint_in
+            )
+        except ValueError as e:
+            raise _bad(str(e)) from e
+        arrays: dict[str, Any] = {DENSE_VALUE + k: v for k, v in dense.items()}
+        fields: dict[str, Any] = {"step": self.shard.step}
+        transfer = msg.get("transfer") or "fp32"
+        if hint is not None and expand is None:
+            fields["rows_token"] = hint[0]
+            arrays["rows"] = hint[1]
+        if values is not None:
+            if expand is not None:
+                values = values[expand]
+            try:
+                arrays["values"] = wire.encode_float(values, transfer)
+            except ValueError as e:
+                raise _bad(str(e)) from e
+        return {**fields, "transfer": transfer}, arrays
+
     def _pull(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
         reqs = _split_request(msg, with_grads=False)
         try:
@@ -634,11 +1070,12 @@ class PSServer:
 
     def _push(self, msg: wire.Message) -> dict[str, Any]:
         reqs = _split_request(msg, with_grads=True)
-        lr = float(msg.get("lr") if msg.get("lr") is not None else self.lr)
+        cfg = self._cfg(msg)
         try:
-            self.shard.push_many([(n, i, g, d) for n, i, g, d in reqs], lr)
+            n = sum(self.shard._push_one(nm, i, g, cfg, d) for nm, i, g, d in reqs)
         except ValueError as e:
             raise _bad(str(e)) from e
+        self.shard._count(pushes=1, pushed=n)
         return {"step": self.shard.step}
 
     def _pull_dense(self, msg: wire.Message) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -646,11 +1083,12 @@ class PSServer:
         return {}, dict(self.shard.pull_dense(names))
 
     def _push_dense(self, msg: wire.Message) -> dict[str, Any]:
-        lr = float(msg.get("lr") if msg.get("lr") is not None else self.lr)
+        cfg = self._cfg(msg)
         try:
-            self.shard.push_dense(msg.arrays, lr)
+            self.shard._apply_dense(msg.arrays, cfg)
         except ValueError as e:
             raise _bad(str(e)) from e
+        self.shard._count(pushes=1)
         return {"step": self.shard.step}
 
     def _init_dense(self, msg: wire.Message) -> dict[str, Any]:

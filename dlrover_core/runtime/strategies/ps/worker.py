@@ -16,13 +16,20 @@ What it does:
    the PS (``init_dense``: the first writer wins) and pulls the winners, so every worker starts
    from the same dense parameters.
 3. Loops, with no barrier between workers: take a shard from the master → read its rows →
-   per mini-batch of ``training.batch_size`` (:func:`train_step`): pull the dense parameters,
-   pull the embedding rows of the batch's ids (unique per table), forward, BCE-with-logits,
-   backward, push the embedding gradients and the dense gradients (the PS applies Adagrad with
-   ``training.optimizer.lr``) → report the shard done with its sample count and mean loss.
-   A step's push runs in the background while the next step pulls and computes (at most one
-   push in flight; ``overlap_push=False`` turns this off); the shard is reported only after
-   its last push returned.
+   per mini-batch of ``training.batch_size``: one ``Step`` round trip per PS
+   (:meth:`~dlrover_core.runtime.strategies.ps.client.PSClient.exchange`) carries the previous
+   step's gradients (the unique rows' gradients, summed over duplicate ids by autograd, and the
+   dense gradients) and the ids of the batch ``training.staleness`` steps ahead, deduplicated
+   and routed once on the worker (:class:`~dlrover_core.runtime.strategies.ps.client.StepPlan`);
+   the PS applies the push, then reads, and returns the rows (and the dense parameters). With
+   staleness ≥ 1 the exchanges run in order on one background thread while the current batch
+   computes (prefetch + background push): a step then sees the PS state without the updates of
+   its last ``staleness`` steps (default 1; 0: no overlap, still one round trip a step). The PS
+   applies ``training.optimizer`` (Adagrad, Adam, SGD: torch's rules) with its ``lr``; rows and
+   gradients travel in ``training.transfer`` precision (fp32, bf16, fp16). Before a shard is
+   reported done, :meth:`Worker._flush` drains every exchange in flight and pushes the last
+   step's gradients (a push that failed is kept and retried, never dropped), so the shard's
+   updates are on the PS when the master counts it.
    ``wait`` from the master: sleep briefly and ask again; ``done`` or ``stop``: exit 0.
 4. A heartbeat thread reports, every ``pacing.heartbeat_interval_s``, the CPU of this process
    and its children (percent of one core, like ``top``), their RSS in MiB, the local step and
@@ -51,13 +58,9 @@ propagates (Python exits 1 with a traceback).
 Environment hook for fault tests: ``DLROVER_RM_WORKER_ALLOC_MIB=N`` makes the worker allocate
 and touch N MiB at start and hold them for its life, to push it over its memory limit.
 
-Measured on this machine (2 cores shared with other jobs, torch 1 thread): the worker process
-with one PS process runs ``pipelines/specs/small.yaml`` (8 tables of dim 16, batch 256) at
-about 27-33k samples/s. Per step (~8.6 ms when pushes are not overlapped): pull embeddings 31 %,
-push embeddings 27 %, forward/backward 17 %, push dense 14 %, pull dense 11 %; the round trips
-(client and PS-side numpy work, gRPC) dominate. Overlapping the push with the next step gained
-10-30 % in an isolated loop and stayed within noise in a loaded full run; pulling the dense
-parameters every 4 steps (``dense_sync_every``) about 5-10 %.
+Where a step goes is in :class:`StepTimes` (``Worker.times``); ``benchmarks/ps_step.py``
+prints it and ``benchmarks/runtime_throughput.py`` compares the runtime with a single-process
+DLRM (figures in notes/issue-12.md).
 """
 
 from __future__ import annotations
@@ -88,7 +91,13 @@ from dlrover_core.runtime.master_client import (
     MasterRejectedError,
     MasterUnavailableError,
 )
-from dlrover_core.runtime.strategies.ps.client import PSClient, PSUnavailable
+from dlrover_core.runtime.strategies.ps.client import (
+    Exchange,
+    PSClient,
+    PSError,
+    PSUnavailable,
+    StepPlan,
+)
 from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.training.data import Batch, DataSource, from_spec
 from dlrover_core.training.model import DenseTower, LookupFn, evaluate, feature_keys
@@ -205,16 +214,79 @@ class DenseSync:
 
 @dataclass
 class StepGrads:
-    """The gradients of one step, ready to push: per table (ids, grad rows), dense by name."""
+    """The gradients of one step, ready to push: the batch's :class:`StepPlan`, the gradient of
+    its unique rows ``[plan.size, dim]`` (duplicates already summed by autograd) and the dense
+    gradients by name, with the optimizer the PS applies."""
 
-    sparse: dict[str, tuple[np.ndarray, np.ndarray]]
+    plan: StepPlan
+    grads: np.ndarray
     dense: dict[str, np.ndarray]
     lr: float | None
+    optimizer: str | None = None
+    transfer: str = "fp32"
+
+    @property
+    def sparse(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per table (unique ids, summed gradient rows), as the older push API takes them."""
+        out: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        p = self.plan
+        for ps in range(len(p.starts) - 1):
+            o = p.starts[ps]
+            for f, name in enumerate(p.names):
+                c = int(p.counts[ps, f])
+                ids, gs = out.setdefault(name, ([], []))
+                ids.append(p.uniq[o : o + c])
+                gs.append(self.grads[o : o + c])
+                o += c
+        return {n: (np.concatenate(i), np.concatenate(g)) for n, (i, g) in out.items()}
+
+    def exchange(self, pull: StepPlan | None = None, want_dense: bool = False) -> Exchange:
+        return Exchange(self.plan, self.grads, self.dense, pull, want_dense)
+
+    def opt_fields(self) -> dict[str, Any]:
+        return _opt_fields(self.optimizer, self.lr)
 
     def push(self, ps: PSClient) -> None:
-        """Send them (the PS applies Adagrad with ``lr``; None: the PS's own)."""
-        ps.push_many(self.sparse, lr=self.lr)
-        ps.push_dense(self.dense, lr=self.lr)
+        """Send them: one Step call per PS (the PS applies the optimizer with ``lr``; None:
+        the PS's own)."""
+        ps.exchange(self.exchange(), self.opt_fields(), self.transfer)
+
+
+def _opt_fields(optimizer: str | None, lr: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if optimizer is not None:
+        out["opt"] = optimizer
+    if lr is not None:
+        out["lr"] = lr
+    return out
+
+
+def forward_backward(
+    tower: DenseTower, batch: Batch, plan: StepPlan, rows: np.ndarray
+) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
+    """Forward and backward of ``batch`` with its unique embedding rows ``rows``
+    ``[plan.size, dim]``: ``(mean loss, gradient of the unique rows, dense gradients)``.
+
+    The rows are one leaf tensor; ``F.embedding(plan.inverse, leaf)`` expands them to
+    ``[n, F, D]``, so autograd sums the gradients of duplicate ids itself."""
+    leaf = torch.from_numpy(rows).requires_grad_(True)
+    emb = F.embedding(torch.from_numpy(plan.inverse), leaf)
+    tower.zero_grad(set_to_none=True)  # fresh grad tensors: a push in flight keeps its own
+    logits = tower(_tensor(batch.dense), emb)
+    loss = F.binary_cross_entropy_with_logits(logits, _tensor(batch.labels))
+    loss.backward()
+    if leaf.grad is None:
+        raise DLRoverError("the DLRM tower produced no gradient for the embedding rows")
+    dense = {n: p.grad.numpy() for n, p in tower.named_parameters() if p.grad is not None}
+    return float(loss.detach()), leaf.grad.numpy(), dense
+
+
+def step_plan(
+    ps: PSClient, batch: Batch, names: Sequence[str], rows: Sequence[int | None]
+) -> StepPlan:
+    """The routing of ``batch``'s ids (static tables wrapped into their rows)."""
+    ids = np.stack(embedding_ids(batch.sparse, rows), axis=1)
+    return ps.plan(ids, names)
 
 
 def compute_step(
@@ -226,25 +298,27 @@ def compute_step(
     lr: float | None,
     *,
     sync: DenseSync | None = None,
+    optimizer: str | None = None,
+    transfer: str = "fp32",
 ) -> tuple[float, StepGrads]:
-    """The pull and compute half of :func:`train_step`: ``(mean loss, gradients to push)``."""
-    if sync is None or sync.due():
-        load_dense(tower, ps.pull_dense())
+    """The pull and compute half of :func:`train_step`: ``(mean loss, gradients to push)``.
+
+    One Step call per PS reads the batch's rows (and the dense parameters when ``sync`` says
+    so)."""
+    want = sync is None or sync.due()
+    plan = step_plan(ps, batch, names, rows)
+    got, dense = ps.exchange(
+        Exchange(pull_plan=plan, want_dense=want), _opt_fields(optimizer, lr), transfer
+    )
+    assert got is not None
+    if want:
+        load_dense(tower, dense)
         if sync is not None:
             sync.done()
-    ids = embedding_ids(batch.sparse, rows)
-    leaf = torch.from_numpy(pull_embeddings(ps, names, ids)).requires_grad_(True)
-    tower.zero_grad(set_to_none=True)  # fresh grad tensors: a push in flight keeps its own
-    logits = tower(_tensor(batch.dense), leaf)
-    loss = F.binary_cross_entropy_with_logits(logits, _tensor(batch.labels))
-    loss.backward()
-    assert leaf.grad is not None
-    grad = leaf.grad.numpy()
-    sparse = {name: (ids[f], grad[:, f, :]) for f, name in enumerate(names)}
-    dense = {n: p.grad.numpy() for n, p in tower.named_parameters() if p.grad is not None}
+    loss, grads, dense_grads = forward_backward(tower, batch, plan, got)
     if sync is not None:
         sync.steps_since += 1
-    return float(loss.detach()), StepGrads(sparse, dense, lr)
+    return loss, StepGrads(plan, grads, dense_grads, lr, optimizer, transfer)
 
 
 def train_step(
@@ -256,20 +330,54 @@ def train_step(
     lr: float | None,
     *,
     sync: DenseSync | None = None,
+    optimizer: str | None = None,
+    transfer: str = "fp32",
 ) -> float:
-    """One asynchronous SGD step on ``batch``; returns its mean BCE loss.
+    """One asynchronous SGD step on ``batch``, not overlapped; returns its mean BCE loss.
 
-    Pulls the dense parameters (each step, or as ``sync`` says), pulls the batch's embedding
-    rows (unique ids per table), runs forward and backward on a leaf ``[n, F, D]`` tensor, then
-    pushes the embedding gradients (per table: ids, grad rows; duplicates summed by the client)
-    and the dense gradients; the PS applies Adagrad with ``lr`` (None: the PS's own). Raises
-    :class:`PSUnavailable` when a PS cannot be reached (redo the step).
+    Reads the batch's embedding rows (unique ids per table) and the dense parameters (each
+    step, or as ``sync`` says), runs forward and backward, then pushes the gradients of the
+    unique rows and the dense gradients; the PS applies ``optimizer`` (None: its default,
+    Adagrad) with ``lr`` (None: the PS's own). Raises :class:`PSUnavailable` when a PS cannot
+    be reached (redo the step).
 
-    :class:`Worker` runs the same two halves (:func:`compute_step`, :meth:`StepGrads.push`) but
-    overlaps a step's push with the next step's pull and compute."""
-    loss, grads = compute_step(tower, ps, batch, names, rows, lr, sync=sync)
+    :class:`Worker` overlaps instead: each step's single round trip per PS carries the previous
+    step's gradients and a later batch's ids (see :class:`StepTimes` and the module docstring)."""
+    loss, grads = compute_step(
+        tower, ps, batch, names, rows, lr, sync=sync, optimizer=optimizer, transfer=transfer
+    )
     grads.push(ps)
     return loss
+
+
+@dataclass
+class StepTimes:
+    """Where a worker's steps went (seconds, summed): ``plan`` routing the ids, ``wait``
+    blocked on a PS reply the step needed, ``compute`` forward + backward (+ loading the
+    dense parameters), ``flush`` draining pushes before a shard is reported; ``exchange`` the
+    round trips' own time (in the background when overlapped)."""
+
+    steps: int = 0
+    plan: float = 0.0
+    wait: float = 0.0
+    compute: float = 0.0
+    flush: float = 0.0
+    exchange: float = 0.0
+    exchanges: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class _InFlight:
+    """One exchange sent in the background: what it pushes and which batch it reads."""
+
+    future: Future[tuple[np.ndarray | None, dict[str, np.ndarray]]]
+    push: StepGrads | None
+    batch: Batch | None
+    plan: StepPlan | None
+    want_dense: bool
 
 
 # --- evaluation against the PS ---------------------------------------------------------------
@@ -436,8 +544,16 @@ class Worker:
         self._hb_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
         self._pusher: ThreadPoolExecutor | None = None
-        self._in_flight: tuple[Future[None], StepGrads] | None = None
-        self._unpushed: list[StepGrads] = []
+        self._inflight: collections.deque[_InFlight] = collections.deque()
+        self._pending: StepGrads | None = None  # computed, not sent yet
+        self._unpushed: list[StepGrads] = []  # sent and lost (a PS was down): retried
+        self.times = StepTimes()
+        self._dp_ready = False
+        self.optimizer: str | None = None
+        self.staleness = 0
+        self.transfer = "fp32"
+        self._bufs: list[np.ndarray] = []
+        self._buf_next = 0
 
     # --- control from outside ----------------------------------------------------------------
 
@@ -608,14 +724,36 @@ class Worker:
         )
         return EXIT_OK
 
+    def _data_plane(self) -> None:
+        """The step settings from the spec (read once, after _configure loaded it)."""
+        if self._dp_ready:
+            return
+        assert self.spec is not None
+        t = self.spec.training
+        self.optimizer = t.optimizer.name
+        self.staleness = t.staleness if self.overlap_push else 0
+        self.transfer = t.transfer
+        f = len(self.names)
+        self._bufs = [
+            np.empty((self.batch_size * f, self.spec.model.embedding_dim), np.float32)
+            for _ in range(self.staleness + 2)
+        ]
+        self._dp_ready = True
+
     def _train_shard(self, start: int, end: int) -> tuple[int, float | None] | None:
-        """Train rows [start, end); (samples, mean loss), or None when asked to stop first."""
+        """Train rows [start, end); (samples, mean loss), or None when asked to stop first.
+
+        Each step sends one exchange per PS carrying the previous step's gradients and the ids
+        of the batch ``staleness`` steps ahead (prefetch), so the round trip runs while this
+        step computes; the shard's last gradients are drained by :meth:`_flush`."""
+        self._data_plane()
         records = self.data.rows(start, end)
+        batches = list(records.split(self.batch_size))
         loss_sum, n = 0.0, 0
-        for batch in records.split(self.batch_size):
+        for i, batch in enumerate(batches):
             if self._stop.is_set():
                 return None
-            loss = self._step(batch)
+            loss = self._step(batch, batches[i + 1 : i + 1 + self.staleness])
             k = len(batch)
             loss_sum += loss * k
             n += k
@@ -625,51 +763,136 @@ class Worker:
             self.rate.add(time.monotonic(), self.samples)
         return len(records), (loss_sum / n if n else None)
 
-    def _step(self, batch: Batch) -> float:
-        """Pull and compute (redone after a PS failure), then push: in the background when
-        ``overlap_push`` (at most one push in flight), else before returning."""
+    def _step(self, batch: Batch, ahead: Sequence[Batch] = ()) -> float:
+        """One step: make sure ``batch`` and the ``ahead`` batches are requested (the oldest
+        request carries the previous step's gradients), wait for ``batch``'s rows, compute.
+        A PS failure waits for the PS set, re-pushes what was lost and redoes the step."""
         assert self._ps is not None
+        self._data_plane()
         while True:
             self._apply_pending_switch()
             try:
-                loss, grads = compute_step(
-                    self.tower, self._ps, batch, self.names, self.rows, self.lr, sync=self.sync
-                )
+                if self._find(batch) is None:
+                    self._send(self._take_pending(), batch)
+                for b in ahead:
+                    if self._find(b) is None:
+                        self._send(self._take_pending(), b)
+                if self._pending is not None and self.staleness > 0:
+                    self._send(self._take_pending(), None)  # nothing ahead: push alone
+                entry, rows, dense = self._receive(batch)
                 break
             except PSUnavailable as e:
                 self._wait_for_ps(e)
-        if self.overlap_push:
-            self._flush()
-            if self._pusher is None:
-                self._pusher = ThreadPoolExecutor(1, thread_name_prefix="worker-push")
-            self._in_flight = (self._pusher.submit(grads.push, self._ps), grads)
-        else:
-            self._unpushed.append(grads)
-            self._flush()
+                self._flush()
+        t0 = time.perf_counter()
+        if entry.want_dense:
+            load_dense(self.tower, dense)
+        assert entry.plan is not None and rows is not None
+        loss, grads, dense_grads = forward_backward(self.tower, batch, entry.plan, rows)
+        self.sync.steps_since += 1
+        self._pending = StepGrads(
+            entry.plan, grads, dense_grads, self.lr, self.optimizer, self.transfer
+        )
+        self.times.compute += time.perf_counter() - t0
+        self.times.steps += 1
         return loss
 
-    def _settle(self) -> None:
-        """Wait for the push in flight; keep its gradients for a retry if a PS was down."""
-        if self._in_flight is None:
-            return
-        fut, grads = self._in_flight
-        self._in_flight = None
+    def _take_pending(self) -> StepGrads | None:
+        g, self._pending = self._pending, None
+        return g
+
+    def _find(self, batch: Batch) -> _InFlight | None:
+        for e in self._inflight:
+            if e.batch is batch:
+                return e
+        return None
+
+    def _exchange(
+        self, ex: Exchange, out: np.ndarray | None
+    ) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+        assert self._ps is not None
+        t0 = time.perf_counter()
         try:
-            fut.result()
-        except PSUnavailable as e:
-            log.warning("worker %d: a push failed (%s); it is retried", self.node_id, e)
-            self._unpushed.append(grads)
+            return self._ps.exchange(ex, _opt_fields(self.optimizer, self.lr), self.transfer, out)
+        finally:
+            self.times.exchange += time.perf_counter() - t0
+            self.times.exchanges += 1
+
+    def _send(self, push: StepGrads | None, batch: Batch | None) -> None:
+        """Queue one exchange: ``push``'s gradients and/or ``batch``'s ids. Exchanges run in
+        order on one background thread (inline when staleness is 0)."""
+        assert self._ps is not None
+        t0 = time.perf_counter()
+        plan = step_plan(self._ps, batch, self.names, self.rows) if batch is not None else None
+        want = batch is not None and self.sync.due()
+        if want:
+            self.sync.done()
+        ex = (
+            push.exchange(plan, want)
+            if push is not None
+            else Exchange(pull_plan=plan, want_dense=want)
+        )
+        out = None
+        if plan is not None:
+            self._buf_next = (self._buf_next + 1) % len(self._bufs)
+            out = self._bufs[self._buf_next]
+        self.times.plan += time.perf_counter() - t0
+        fut: Future[tuple[np.ndarray | None, dict[str, np.ndarray]]]
+        if self.staleness == 0:
+            fut = Future()
+            try:
+                fut.set_result(self._exchange(ex, out))
+            except PSError as e:
+                fut.set_exception(e)
+        else:
+            if self._pusher is None:
+                self._pusher = ThreadPoolExecutor(1, thread_name_prefix="worker-exchange")
+            fut = self._pusher.submit(self._exchange, ex, out)
+        self._inflight.append(_InFlight(fut, push, batch, plan, want))
+
+    def _receive(self, batch: Batch) -> tuple[_InFlight, np.ndarray | None, dict[str, np.ndarray]]:
+        """Wait for the exchanges up to the one reading ``batch``; an exchange leaves the
+        queue only once it succeeded (a failed one is kept for :meth:`_settle`)."""
+        t0 = time.perf_counter()
+        try:
+            while self._inflight:
+                e = self._inflight[0]
+                rows, dense = e.future.result()
+                self._inflight.popleft()
+                if e.batch is batch:
+                    return e, rows, dense
+            raise AssertionError("the batch being trained was never requested")
+        finally:
+            self.times.wait += time.perf_counter() - t0
+
+    def _settle(self) -> None:
+        """Quiesce the pipeline: wait for every exchange in flight, keep the gradients of
+        those that failed (PS unreachable) and of the step not yet sent for a retry, drop
+        the prefetched rows (the PS set may be changing)."""
+        while self._inflight:
+            e = self._inflight.popleft()
+            try:
+                e.future.result()
+            except PSUnavailable as err:
+                if e.push is not None:
+                    log.warning("worker %d: a push failed (%s); it is retried", self.node_id, err)
+                    self._unpushed.append(e.push)
+        if self._pending is not None:
+            self._unpushed.append(self._pending)
+            self._pending = None
 
     def _flush(self) -> None:
         """Make sure every computed step's gradients reached the PS set (waiting for it)."""
         assert self._ps is not None
+        t0 = time.perf_counter()
         self._settle()
         while self._unpushed:
             try:
-                self._unpushed[0].push(self._ps)
+                self._exchange(self._unpushed[0].exchange(), None)
                 self._unpushed.pop(0)
             except PSUnavailable as e:
                 self._wait_for_ps(e)
+        self.times.flush += time.perf_counter() - t0
 
     # --- the PS set --------------------------------------------------------------------------
 
@@ -801,9 +1024,9 @@ class Worker:
         self._hb_stop.set()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=15)
-        if self._in_flight is not None:
-            self._in_flight[0].exception()  # let it finish before its channels close
-            self._in_flight = None
+        for e in self._inflight:
+            e.future.exception()  # let it finish before its channels close
+        self._inflight.clear()
         if self._pusher is not None:
             self._pusher.shutdown(wait=True)
         if self._ps is not None:
