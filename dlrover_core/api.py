@@ -283,6 +283,41 @@ def status(run_dir: str | Path) -> dict[str, Any]:
     return read_status(run_dir)
 
 
+def submit(spec: SpecLike, *, overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """Submit the job to Kubernetes: its master as a Job (restarted by the control plane; it
+    resumes from its state on the volume), with its Service, token Secret, spec ConfigMap,
+    NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``."""
+    import secrets
+
+    import yaml
+
+    from dlrover_core.runtime.backends import submit as k8s
+    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+    from dlrover_core.spec import spec_to_dict
+
+    s = resolve_spec(spec, overrides)
+    cfg = k8s.MasterConfig.from_spec(s, yaml.safe_dump(spec_to_dict(s), sort_keys=False))
+    created = k8s.submit(_default_client(), cfg, secrets.token_hex(32))
+    return {"job": s.name, "namespace": cfg.namespace, "created": created}
+
+
+def job_status(job: str, namespace: str = "default") -> dict[str, Any]:
+    """The state of a submitted job, read through the Kubernetes API."""
+    from dlrover_core.runtime.backends import submit as k8s
+    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+
+    return k8s.status(_default_client(), namespace, job)
+
+
+def cancel(job: str, namespace: str = "default") -> dict[str, Any]:
+    """Cancel a submitted job (idempotent): its master Job and node pods go; the claim with
+    the checkpoints and the report stays."""
+    from dlrover_core.runtime.backends import submit as k8s
+    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+
+    return {"job": job, "deleted": k8s.cancel(_default_client(), namespace, job)}
+
+
 def profile(
     spec: SpecLike,
     *,

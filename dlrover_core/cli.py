@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_core import __version__, api
-from dlrover_core.errors import DLRoverError
+from dlrover_core.errors import DLRoverError, InputError
 
 EXAMPLE_SPEC = Path(__file__).resolve().parent.parent / "pipelines" / "specs" / "small.yaml"
 
@@ -141,7 +141,22 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    _write_json(api.status(a.run_dir), None)
+    if (a.run_dir is None) == (a.job is None):
+        raise InputError("status: give --run-dir DIR (a local run) or --job NAME (on Kubernetes)")
+    if a.job is not None:
+        _write_json(api.job_status(a.job, a.namespace), None)
+    else:
+        _write_json(api.status(a.run_dir), None)
+    return 0
+
+
+def cmd_submit(a: argparse.Namespace) -> int:
+    _write_json(api.submit(a.spec, overrides=a.overrides), None)
+    return 0
+
+
+def cmd_cancel(a: argparse.Namespace) -> int:
+    _write_json(api.cancel(a.job, a.namespace), None)
     return 0
 
 
@@ -273,8 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=cmd_export)
 
     st = sub.add_parser("status", help="the status of a run (JSON)")
-    st.add_argument("--run-dir", required=True)
+    st.add_argument("--run-dir", default=None, help="a local run directory")
+    st.add_argument("--job", default=None, help="a job submitted to Kubernetes")
+    st.add_argument("--namespace", default="default", help="with --job")
     st.set_defaults(func=cmd_status)
+
+    sm = sub.add_parser("submit", help="run the job's master as a Kubernetes Job")
+    _spec_args(sm)
+    sm.set_defaults(func=cmd_submit)
+
+    cn = sub.add_parser("cancel", help="cancel a job submitted to Kubernetes")
+    cn.add_argument("--job", required=True)
+    cn.add_argument("--namespace", default="default")
+    cn.set_defaults(func=cmd_cancel)
 
     sub.add_parser(
         "node",
