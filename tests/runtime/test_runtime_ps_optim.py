@@ -223,3 +223,38 @@ def test_one_step_round_trip_across_two_ps_routes_rows_gradients_and_dense() -> 
     finally:
         for s in servers:
             s.stop(0)
+
+
+def test_a_step_planned_for_one_ps_is_rerouted_after_the_set_grew_to_two() -> None:
+    """A push (and a prefetch) computed while the set had 1 PS, sent after it grew to 2: the
+    rows and gradients go to the PS that own them now, and the caller's plan follows."""
+    token = "tok"
+    servers = [PSServer(PSShard(index=i, num_ps=2), token) for i in range(2)]
+    for s in servers:
+        s.start()
+    try:
+        tables = {"a": DIM, "b": DIM}
+        with PSClient([s.address for s in servers], token, tables) as two:
+            one = PSClient([servers[0].address], token, tables)  # the old, 1-PS view
+            rng = np.random.default_rng(7)
+            ids = rng.integers(0, 50, (32, 2))
+            plan = one.plan(ids, list(tables))
+            one.close()
+            assert len(plan.starts) == 2
+            rows, _ = two.exchange(Exchange(pull_plan=plan), {"lr": LR})
+            assert rows is not None and len(plan.starts) == 3  # re-laid out in place
+            for f, name in enumerate(tables):
+                np.testing.assert_array_equal(rows[plan.inverse[:, f]], two.pull(name, ids[:, f]))
+            old = PSClient([servers[0].address], token, tables)
+            push = old.plan(ids, list(tables))
+            old.close()
+            g = rng.standard_normal((push.size, DIM)).astype(np.float32)
+            before = {n: two.pull(n, ids[:, f]) for f, n in enumerate(tables)}
+            grads_by_key = {f: g[push.inverse[:, f]].copy() for f in range(len(tables))}
+            two.exchange(Exchange(push, g), {"opt": "sgd", "lr": LR})
+            for f, name in enumerate(tables):
+                want = before[name] - LR * grads_by_key[f]
+                np.testing.assert_allclose(two.pull(name, ids[:, f]), want, atol=1e-6)
+    finally:
+        for s in servers:
+            s.stop(0)

@@ -377,6 +377,38 @@ class PSClient:
             salts = self._salts[key] = np.array([table_salt(t) for t in names], np.uint64)
         return _plan(arr, names, dims.pop(), salts, self.num_ps)
 
+    def _reroute(self, plan: StepPlan, grads: F32 | None) -> tuple[StepPlan, F32 | None]:
+        """Lay ``plan`` (in place) and its gradients out for this client's PS count: the same
+        (table, id) rows, routed to the PS that own them now."""
+        f = len(plan.names)
+        old_ps = len(plan.starts) - 1
+        cols = np.concatenate(
+            [np.full(int(plan.counts[q][t]), t, np.int64) for q in range(old_ps) for t in range(f)]
+            or [np.empty(0, np.int64)]
+        )
+        key = tuple(plan.names)
+        salts = self._salts.get(key)
+        if salts is None:
+            salts = self._salts[key] = np.array([table_salt(t) for t in plan.names], np.uint64)
+        if self.num_ps == 1:
+            own = np.zeros(plan.uniq.size, np.int64)
+        else:
+            own = (splitmix64(as_uint64(plan.uniq) ^ salts[cols]) % np.uint64(self.num_ps)).astype(
+                np.int64
+            )
+        group = own * f + cols
+        perm = np.argsort(group, kind="stable")
+        counts = np.bincount(group, minlength=self.num_ps * f).reshape(self.num_ps, f)
+        starts = [0, *np.cumsum(counts.sum(axis=1)).tolist()]
+        pos = np.empty(plan.uniq.size, np.int64)
+        pos[perm] = np.arange(plan.uniq.size)
+        # in place: whoever holds this plan (the worker's step) sees the new layout
+        plan.uniq, plan.counts, plan.starts = plan.uniq[perm], counts, starts
+        plan.inverse, plan.rows_hint = pos[plan.inverse], {}
+        if grads is not None:
+            grads[:] = grads[perm]  # in place too: a retry of this push reads the same array
+        return plan, grads
+
     def exchange(
         self,
         ex: Exchange,
@@ -394,6 +426,12 @@ class PSClient:
         dense_ps = range(self.num_ps) if ex.want_dense else ()
         if ex.want_dense and self._dense_names is None:
             raise PSError("dense parameters are unknown to this client: call pull_dense first")
+        stale = self.num_ps + 1
+        if ex.push_plan is not None and ex.grads is not None and len(ex.push_plan.starts) != stale:
+            # computed before the PS set changed size: route its gradients anew
+            ex.push_plan, ex.grads = self._reroute(ex.push_plan, ex.grads)
+        if ex.pull_plan is not None and len(ex.pull_plan.starts) != stale:
+            ex.pull_plan, _ = self._reroute(ex.pull_plan, None)
         for p in range(self.num_ps):
             fields: dict[str, Any] = {**opt, "transfer": transfer}
             arrays: dict[str, Any] = {}
