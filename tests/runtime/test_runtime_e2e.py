@@ -142,7 +142,17 @@ def test_planner_adds_a_ps_and_a_worker_while_the_job_runs(tmp_path: Path) -> No
         "constraints.workers.cpu=1",
         "constraints.ps.cpu=1",
     ]
-    report = api.train(SMALL, overrides=overrides, run_dir=tmp_path / "run", progress=False)
+    from dlrover_core.planner import Planner
+    from dlrover_core.planner.config import PlannerConfig
+
+    spec = load_spec(SMALL, overrides)
+    # the production pauses (30 s a worker change, 120 s a PS change, no sampling with under
+    # 20 min left) rightly leave a one-minute job alone; here the pauses are what they measure
+    # on this machine, so the planner's sampling stage acts within the test
+    cfg = PlannerConfig.from_spec(
+        spec, worker_change_pause_s=1.0, ps_change_pause_s=3.0, min_remaining_to_sample_s=0.0
+    )
+    report = JobMaster(spec, tmp_path / "run", LocalBackend(), planner=Planner(spec, cfg)).run()
     check_exactly_once(report)
     ps_counts = [p["ps"]["count"] for p in report["plans"]]
     worker_counts = [p["workers"]["count"] for p in report["plans"]]

