@@ -28,13 +28,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--restarts", type=int, default=20)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--rows", type=int, default=1_500_000, help="long enough for every restart")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
         run = Path(tmp) / "run"
         try:
-            got = master_restarts(Path(tmp), run, args.restarts, args.seed)
+            got = master_restarts(Path(tmp), run, args.restarts, args.seed, args.rows)
             report = fk.report(run)
         finally:
             fk.kill_all(run)
