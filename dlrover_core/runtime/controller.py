@@ -194,7 +194,6 @@ class JobMaster:
         self._config_since = 0.0
         self._last_sample_s = 0.0
         self._next_obs_mono = 0.0
-        self._stopping_old: list[NodeHandle] = []
         self._lease_lost = False
         self.started_s = clock()
         self.failure: str | None = None
@@ -355,19 +354,31 @@ class JobMaster:
             n.handle.ref,
         )
 
-    def _start_worker(self, node_id: int, resources: NodeResources) -> None:
-        old = self.nodes.get((Role.WORKER, node_id))
-        n = _Node(Role.WORKER, node_id, resources)
-        if old is not None:
-            n.incarnation = old.incarnation + 1
-            n.relaunches = dict(old.relaunches)
-            if old.handle is not None:
-                self.backend.stop(old.handle, grace_s=2.0, wait=False)
-        elif self.state is not None and (rec := self.state.node(Role.WORKER, node_id)):
-            n.incarnation = rec.incarnation + 1
-            n.relaunches = dict(rec.relaunches)
-        self.nodes[(Role.WORKER, node_id)] = n
+    def _launch_successor(
+        self,
+        role: Role,
+        node_id: int,
+        resources: NodeResources,
+        *,
+        generation: int = 0,
+        grace_s: float = 2.0,
+    ) -> None:
+        """Launch the next incarnation of a node: it inherits the incarnation count and relaunch
+        budgets of the node it replaces (the one in memory, else the persisted record), and
+        the replaced one, if still running, is asked to stop."""
+        old = self.nodes.get((role, node_id))
+        n = _Node(role, node_id, resources, generation=generation)
+        prev = old if old is not None else (self.state.node(role, node_id) if self.state else None)
+        if prev is not None:
+            n.incarnation = prev.incarnation + 1
+            n.relaunches = dict(prev.relaunches)
+        if old is not None and old.handle is not None:
+            self.backend.stop(old.handle, grace_s=grace_s, wait=False)
+        self.nodes[(role, node_id)] = n
         self._launch(n)
+
+    def _start_worker(self, node_id: int, resources: NodeResources) -> None:
+        self._launch_successor(Role.WORKER, node_id, resources)
 
     # --- PS-set generations ----------------------------------------------------------------------
     def _start_generation(self, plan: ResourcePlan, restore_from: list[str], seq: int) -> None:
@@ -384,21 +395,11 @@ class JobMaster:
         count = int(gen["count"])
         for i in range(count):
             old = self.nodes.get((Role.PS, i))
-            rec = self.state.node(Role.PS, i)
             if old is not None and old.generation == gid and old.handle is not None:
                 continue  # launched before a master restart and adopted
-            n = _Node(Role.PS, i, plan.node_resources(Role.PS, i), generation=gid)
-            if old is not None:
-                n.incarnation = old.incarnation + 1
-                n.relaunches = dict(old.relaunches)
-                if old.handle is not None:
-                    self._stopping_old.append(old.handle)
-                    self.backend.stop(old.handle, grace_s=5.0, wait=False)
-            elif rec is not None:
-                n.incarnation = rec.incarnation + 1
-                n.relaunches = dict(rec.relaunches)
-            self.nodes[(Role.PS, i)] = n
-            self._launch(n)
+            self._launch_successor(
+                Role.PS, i, plan.node_resources(Role.PS, i), generation=gid, grace_s=5.0
+            )
         # a smaller set: the PS beyond its size leave
         for (role, i), old in list(self.nodes.items()):
             if role is Role.PS and i >= count:
@@ -1017,13 +1018,9 @@ class JobMaster:
             gid, count = int(active[-1]["id"]), int(active[-1]["count"])
             for i in range(count):
                 if (Role.PS, i) not in self.nodes:
-                    prev = self.state.node(Role.PS, i)
-                    n = _Node(Role.PS, i, last.node_resources(Role.PS, i), generation=gid)
-                    if prev is not None:
-                        n.incarnation = prev.incarnation + 1
-                        n.relaunches = dict(prev.relaunches)
-                    self.nodes[(Role.PS, i)] = n
-                    self._launch(n)
+                    self._launch_successor(
+                        Role.PS, i, last.node_resources(Role.PS, i), generation=gid
+                    )
         for i in range(last.workers.count):
             if (Role.WORKER, i) not in self.nodes:
                 self._start_worker(i, last.node_resources(Role.WORKER, i))
