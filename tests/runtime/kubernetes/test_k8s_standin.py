@@ -131,9 +131,14 @@ def test_delete_escalates_to_sigkill_after_the_grace(
     b.stop(stubborn, grace_s=2)  # waits for the exit
     took = time.monotonic() - t0
     (e,) = b.poll()
-    assert e.exit_code == 137 and e.signal == 9 and e.requested
+    # the stand-in's own record: the process ignored SIGTERM and was SIGKILLed after the grace
+    assert kubelet.exits[stubborn.ref] == 137
     assert took >= 2.0  # not before the grace
     assert kubelet.pid_of(stubborn.ref) is None
+    assert e.requested
+    # the backend saw either the terminal status (137, SIGKILL) or, when the force-delete beat
+    # the watch to it, the pod vanish after our own delete (as on a real cluster): both requested
+    assert (e.exit_code, e.signal) in ((137, 9), (None, 15))
 
 
 def test_bad_image_is_fatal_and_unschedulable_is_pending(
