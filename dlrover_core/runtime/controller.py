@@ -205,10 +205,10 @@ class JobMaster:
 
     # --- checks before anything is written ----------------------------------------------------
     def _check_runnable(self) -> None:
-        if self.spec.strategy != "ps":
+        if self.spec.strategy != self.strategy.name:
             raise InputError(
-                f"strategy {self.spec.strategy!r} is planned and modelled but its runtime is not "
-                "available in this version; use strategy: ps"
+                f"strategy {self.spec.strategy!r} needs its own job master; this one runs "
+                f"strategy {self.strategy.name!r} (use dlrover_core.runtime.job.train)"
             )
         state_path = self.run_dir / STATE_FILE
         if state_path.exists():
@@ -788,7 +788,7 @@ class JobMaster:
         del self.observations[:-200]
         running = obs.of(Role.WORKER)
         stable_s = self.spec.pacing.sample_window_s
-        if len(running) < self.plan.workers.count or self._switch is not None:
+        if len(running) < self.plan.workers.count or self._changing():
             self._config_since = now  # a speed sample starts when every node is up
         if (
             len(running) == self.plan.workers.count
@@ -833,7 +833,7 @@ class JobMaster:
 
     def _replan(self) -> None:
         assert self.plan is not None
-        if self._switch is not None:
+        if self._changing():
             return  # one change at a time
         now = self.clock()
         d = self.planner.replan(
@@ -916,19 +916,19 @@ class JobMaster:
             if self.failure is not None:
                 return True
         self._check_liveness()
-        self._check_restores()
-        self._progress_switch()
-        self._publish_ps_set()
+        self._reconcile_strategy()
         if self.failure is not None or self.stop_reason is not None:
             return True
         counts = self.state.shards.counts()
-        if counts["todo"] == 0 and counts["doing"] == 0 and self._switch is None:
+        if counts["todo"] == 0 and counts["doing"] == 0 and not self._changing():
             if counts["failed"]:
                 self.failure = (
                     f"{counts['failed']} shard(s) failed on every attempt; see the worker logs "
                     f"in {self.run_dir / 'logs'}, fix the data or code, and resume the run dir"
                 )
-            return True
+                return True
+            if self._finished():
+                return True
         live_workers = [
             n for n in self.nodes.values() if n.role is Role.WORKER and n.handle is not None
         ]
@@ -944,6 +944,22 @@ class JobMaster:
         if self.on_tick is not None:
             self.on_tick(self)
         return False
+
+    # --- strategy hooks (the PS strategy's here; the all-reduce master overrides them) -------
+    def _reconcile_strategy(self) -> None:
+        """The strategy's part of a tick: PS restores, a PS-set change, the published set."""
+        self._check_restores()
+        self._progress_switch()
+        self._publish_ps_set()
+
+    def _changing(self) -> bool:
+        """A change of the node set is in progress (the job cannot end meanwhile)."""
+        return self._switch is not None
+
+    def _finished(self) -> bool:
+        """Every shard is done: may the job end now? (PS: yes; all-reduce: once the group left
+        at its final checkpoint.)"""
+        return True
 
     def _start_or_resume(self) -> None:
         assert self.state is not None

@@ -70,11 +70,6 @@ def train(
     from dlrover_core.runtime.controller import JobMaster
 
     quiet_third_party()  # node processes inherit the filters: no pynvml warning in their logs
-    if spec.strategy != "ps":
-        raise InputError(
-            f"strategy {spec.strategy!r} can be planned but not trained by this runtime yet; "
-            "use strategy: ps"
-        )
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
     backend, extra = _backend(spec)
     if spec.backend.kind == "kubernetes" and run_dir is None:
@@ -90,7 +85,12 @@ def train(
         report["history_run_id"] = None
         report["samples"] = []
         return report
-    master = JobMaster(
+    master_cls = JobMaster
+    if spec.strategy == "allreduce":
+        from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
+
+        master_cls = AllReduceMaster
+    master = master_cls(
         spec,
         rd,
         backend,

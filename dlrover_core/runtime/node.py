@@ -1,4 +1,4 @@
-"""``dlrover-rm node ps|worker ...``: the one command every backend runs for a node.
+"""``dlrover-rm node ps|worker|rank ...``: the one command every backend runs for a node.
 
 The arguments (and the backend's environment: identity, bind and advertised host) describe the
 node completely; see :mod:`dlrover_core.runtime.strategies.ps.server` and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-ROLES = ("ps", "worker")
+ROLES = ("ps", "worker", "rank")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dlrover_core.runtime.strategies.ps.server import main as ps_main
 
         return ps_main(rest)
+    if role == "rank":  # one rank of an all-reduce group
+        from dlrover_core.runtime.strategies.allreduce.agent import main as rank_main
+
+        return rank_main(rest)
     from dlrover_core.runtime.strategies.ps.worker import main as worker_main
 
     return worker_main(rest)

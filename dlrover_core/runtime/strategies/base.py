@@ -30,10 +30,14 @@ class NodeCommand:
     ckpt_dir: str = ""  # a PS: its own checkpoint directory
     restore_from: Sequence[str] = ()  # a PS: the checkpoint directories to re-shard from
     restore_seq: int = 0  # the done_seq tag of those sources
+    rank: int = 0  # an all-reduce rank: its rank in its group
+    world_size: int = 0  # ... the group's size
+    rdzv: str = ""  # ... HOST:PORT of the group's store (rank 0 hosts it)
+    after_generation: int | None = None  # ... pre-warmed: join once this group left
 
 
 class Strategy(Protocol):
-    """A training strategy (``ps`` today; ``allreduce`` in its own issue)."""
+    """A training strategy (``ps`` or ``allreduce``)."""
 
     name: str
 

@@ -1,0 +1,614 @@
+"""The job master of an all-reduce job: the controller drives *groups* of ranks.
+
+A group (a generation in ``master.json``) is ``W`` rank processes with ranks ``0..W-1`` and
+fresh node ids; its membership never changes (see :mod:`.agent`). Everything else is the
+controller's (:class:`~dlrover_core.runtime.controller.JobMaster`): the lease, write-ahead
+state, liveness, the shard queue, the report. What this master adds:
+
+- **Launch**: a group is recorded (size, first node id, store address, resources, relaunch
+  budgets) before its first rank starts; each rank is ``dlrover-rm node rank ...``.
+- **Resize** (a planner decision, a straggler replaced): the next group is started
+  *pre-warmed* (``--after-generation``: it imports torch and torchrec while the old group
+  still trains); once its ranks are warm (or after ``warm_wait_s``) the old group is asked to
+  stop; it writes a final checkpoint and exits 0; the new group loads it resharded for its
+  own world size. The downtime (stop requested → the new group's first step) is measured and
+  fed to the planner's :class:`~dlrover_core.planner.allreduce.ResizeCost`.
+- **Faults**: a group cannot lose a rank. The first failed rank of a group aborts it (its
+  other ranks are killed, its shards go back to the queue) and a new group starts from the
+  latest complete checkpoint, at the size and memory the fault policy (``faults/``, the same
+  rule book as PS jobs) decides; a fatal exit (bad input) fails the job with the rank's own
+  one-line reason. A pre-warmed group that fails while the old one still trains only cancels
+  the resize.
+- **Done** once every shard is done *and* the group left at its final checkpoint; the
+  held-out AUC comes from that checkpoint.
+- **Resume**: a restarted master adopts a complete group; anything else (a rank lost, a resize
+  half done) is stopped and a new group starts from the latest checkpoint, without charging a
+  relaunch budget (nothing failed but the master).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlrover_core.errors import DLRoverError, InputError
+from dlrover_core.faults import ExitClass, classify_exit
+from dlrover_core.planner.allreduce import (
+    NO_PS,
+    ResizeCost,
+    allreduce_post_scale,
+    allreduce_scale,
+    rank_memory_need_mib,
+)
+from dlrover_core.runtime.backends.base import LOST_REASON, NodeExit, NodeSpec
+from dlrover_core.runtime.controller import JobMaster, _Node
+from dlrover_core.runtime.state import GEN_ABORTED, GEN_ACTIVE, GEN_RETIRED, GEN_STARTING
+from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, validate_allreduce
+from dlrover_core.runtime.strategies.allreduce.launch import RANK_ENV, free_port, read_exit
+from dlrover_core.runtime.strategies.allreduce.strategy import AllReduceStrategy
+from dlrover_core.runtime.strategies.base import NodeCommand
+from dlrover_core.types import NodeResources, NodeState, ResourcePlan, Role, RolePlan, Stage
+
+log = logging.getLogger("dlrover_rm.master")
+
+GROUP_KIND = "ranks"
+_LIVE = (GEN_STARTING, GEN_ACTIVE)
+
+
+@dataclass
+class _Group:
+    gid: int
+    world_size: int
+    first_node_id: int
+    resources: NodeResources
+    rdzv: str
+    after: int | None
+    state: str
+    stop_mono: float | None = None  # the controller asked it to leave
+
+    @property
+    def node_ids(self) -> range:
+        return range(self.first_node_id, self.first_node_id + self.world_size)
+
+    @classmethod
+    def from_record(cls, g: dict[str, Any]) -> _Group:
+        return cls(
+            gid=int(g["id"]),
+            world_size=int(g["count"]),
+            first_node_id=int(g["first_node_id"]),
+            resources=NodeResources(**g["resources"]),
+            rdzv=str(g["rdzv"]),
+            after=None if g.get("after") is None else int(g["after"]),
+            state=str(g["state"]),
+        )
+
+
+@dataclass
+class _Resize:
+    old: int
+    new: int
+    warm_deadline_mono: float
+    stop_mono: float | None = None
+
+
+def _cuda_available() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+class AllReduceMaster(JobMaster):
+    """A :class:`JobMaster` whose nodes are groups of all-reduce ranks (see the module)."""
+
+    def __init__(
+        self,
+        spec: Any,
+        run_dir: str | Path,
+        backend: Any,
+        *,
+        options: AllReduceOptions | None = None,
+        warm_wait_s: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.options = options or AllReduceOptions()
+        kwargs.setdefault("strategy", AllReduceStrategy.for_run(run_dir, self.options))
+        super().__init__(spec, run_dir, backend, **kwargs)
+        self.warm_wait_s = (
+            warm_wait_s
+            if warm_wait_s is not None
+            else min(60.0, max(5.0, spec.pacing.pending_timeout_s / 2))
+        )
+        self._groups: dict[int, _Group] = {}
+        self._group_relaunches: dict[str, int] = {}
+        self._resize: _Resize | None = None
+        self._resize_cost = ResizeCost()
+        self.resize_downtimes_s: list[float] = []
+        self._next_replan_mono = 0.0
+        self._done_mono: float | None = None
+
+    # --- groups --------------------------------------------------------------------------------
+    def _live_groups(self) -> list[_Group]:
+        return sorted((g for g in self._groups.values() if g.state in _LIVE), key=lambda g: g.gid)
+
+    def _current(self) -> _Group | None:
+        live = self._live_groups()
+        return live[-1] if live else None
+
+    def _next_node_id(self) -> int:
+        assert self.state is not None
+        ids = [k[1] for k in self.nodes] + [r.node_id for r in self.state.nodes.values()]
+        return max(ids, default=-1) + 1
+
+    def _rdzv_host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+    def _as_allreduce(self, plan: ResourcePlan) -> ResourcePlan:
+        """Ranks only: the PS part of a plan (e.g. from history or a generic planner) goes, and
+        each rank gets at least the memory its embedding shards and the runtime need."""
+        w = plan.workers
+        need = math.ceil(rank_memory_need_mib(self.spec, w.count, self.options))
+        if w.resources.memory_mib < need:
+            w = RolePlan(w.count, NodeResources(w.resources.cpu_millicores, need))
+            plan = plan.replace(
+                workers=w,
+                reasons=(*plan.reasons, f"rank memory raised to {need} MiB (tables + runtime)"),
+            )
+        if plan.ps == NO_PS and not any(o.role is Role.PS for o in plan.overrides):
+            return plan
+        return plan.replace(
+            ps=NO_PS, overrides=tuple(o for o in plan.overrides if o.role is not Role.PS)
+        )
+
+    def _validate(self, plan: ResourcePlan) -> None:
+        validate_allreduce(
+            self.spec,
+            plan.workers.count,
+            self.options,
+            cuda_available=_cuda_available(),
+            rank_memory_mib=plan.workers.resources.memory_mib,
+        )
+
+    def _launch_group(self, plan: ResourcePlan, after: int | None) -> _Group:
+        """Write ahead (the group, then each rank), then start its ranks."""
+        assert self.state is not None
+        w = plan.workers
+        rec = self.state.begin_generation(w.count, [], 0, GEN_STARTING)
+        g = _Group(
+            gid=int(rec["id"]),
+            world_size=w.count,
+            first_node_id=self._next_node_id(),
+            resources=w.resources,
+            rdzv=f"{self._rdzv_host()}:{free_port()}",
+            after=after,
+            state=GEN_STARTING,
+        )
+        self.state.update_generation(
+            g.gid,
+            kind=GROUP_KIND,
+            first_node_id=g.first_node_id,
+            rdzv=g.rdzv,
+            after=after,
+            resources=g.resources.to_dict(),
+            relaunches=dict(self._group_relaunches),
+        )
+        self._groups[g.gid] = g
+        log.info(
+            "group %d: %d rank(s) of %s%s",
+            g.gid,
+            g.world_size,
+            g.resources,
+            f", pre-warmed to follow group {after}" if after is not None else "",
+        )
+        for node_id in g.node_ids:
+            n = _Node(Role.WORKER, node_id, g.resources, generation=g.gid)
+            self.nodes[(Role.WORKER, node_id)] = n
+            self._launch(n)
+        return g
+
+    def _set_group_state(self, g: _Group, state: str) -> None:
+        assert self.state is not None
+        g.state = state
+        self.state.update_generation(g.gid, state=state)
+
+    def _abort_group(self, g: _Group, why: str) -> None:
+        """Stop every rank of ``g`` (no wait) and give its shards back."""
+        assert self.state is not None
+        self._set_group_state(g, GEN_ABORTED)
+        for node_id in g.node_ids:
+            n = self.nodes.pop((Role.WORKER, node_id), None)
+            if n is not None and n.handle is not None:
+                log.info("group %d aborted (%s): stopping %s", g.gid, why, n.name)
+                self.backend.stop(n.handle, grace_s=1.0, wait=False)
+            self.state.mark_node(Role.WORKER, node_id, NodeState.FAILED)
+
+    def _node_spec(self, n: _Node) -> NodeSpec:
+        g = self._groups[n.generation]
+        cores = max(1, round(n.resources.cpu_millicores / 1000))
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = NodeCommand(
+            role=n.role,
+            node_id=n.node_id,
+            incarnation=n.incarnation,
+            master=self.address,
+            run_dir=str(self.run_dir),
+            cores=cores,
+            generation=g.gid,
+            rank=n.node_id - g.first_node_id,
+            world_size=g.world_size,
+            rdzv=g.rdzv,
+            after_generation=g.after,
+        )
+        return NodeSpec(
+            role=n.role,
+            node_id=n.node_id,
+            incarnation=n.incarnation,
+            resources=n.resources,
+            argv=[*self.node_command(), *self.strategy.argv(self.spec, cmd)],
+            env={"PYTHONUNBUFFERED": "1", **RANK_ENV, "OMP_NUM_THREADS": str(cores)},
+            log_path=str(logs / f"{n.role.value}-{n.node_id}.log"),
+        )
+
+    # --- start, resume ---------------------------------------------------------------------------
+    def _start_or_resume(self) -> None:
+        assert self.state is not None
+        if self.state.restored and self.state.plans:
+            self._resume()
+            return
+        plan = self._initial_plan or self.planner.initial_plan(self._history, self.clock())
+        plan = self._as_allreduce(plan)
+        self._validate(plan)
+        self._adopt_plan(plan)
+        self._set_group_state(self._launch_group(plan, None), GEN_ACTIVE)
+
+    def _resume(self) -> None:
+        """Adopt a complete group; otherwise stop what is left and start a new group from the
+        latest checkpoint (not charged to any relaunch budget: only the master failed)."""
+        assert self.state is not None
+        last = ResourcePlan.from_dict(self.state.plans[-1])
+        self.plan = last
+        self.past_plans = [ResourcePlan.from_dict(p) for p in self.state.plans]
+        self._config_since = self.clock()
+        for grec in self.state.generations:
+            if grec.get("kind") == GROUP_KIND:
+                g = _Group.from_record(grec)
+                self._groups[g.gid] = g
+                self._group_relaunches = dict(grec.get("relaunches") or {})
+        for rec in list(self.state.nodes.values()):
+            if rec.role is not Role.WORKER or rec.state not in (
+                NodeState.RUNNING,
+                NodeState.PENDING,
+            ):
+                continue
+            res = NodeResources(**rec.resources) if rec.resources else last.workers.resources
+            n = _Node(
+                Role.WORKER,
+                rec.node_id,
+                res,
+                rec.incarnation,
+                rec.generation,
+                relaunches=dict(rec.relaunches),
+            )
+            if rec.ref:
+                n.handle = self.backend.adopt(Role.WORKER, rec.node_id, rec.incarnation, rec.ref)
+            self.nodes[(Role.WORKER, rec.node_id)] = n
+        live = self._live_groups()
+        cur = live[-1] if live else None
+        complete = (
+            cur is not None
+            and len(live) == 1
+            and all(
+                (m := self.nodes.get((Role.WORKER, i))) is not None and m.handle is not None
+                for i in cur.node_ids
+            )
+        )
+        if complete and cur is not None:
+            log.info("resume: group %d adopted (%d rank(s))", cur.gid, cur.world_size)
+            self._set_group_state(cur, GEN_ACTIVE)
+            return
+        for g in live:
+            self.state.record_fault(
+                {
+                    "node": f"group-{g.gid}",
+                    "reason": LOST_REASON,
+                    "exit_class": "lost",
+                    "action": "relaunch",
+                    "why": "ranks ended, or a resize was under way, while no master watched",
+                }
+            )
+            self._abort_group(g, "incomplete after a master restart")
+        for key, n in list(self.nodes.items()):  # ranks of no live group
+            if n.handle is not None:
+                self.backend.stop(n.handle, grace_s=1.0, wait=False)
+            self.nodes.pop(key)
+        log.info("resume: starting a new group from the latest checkpoint")
+        self._set_group_state(self._launch_group(last, None), GEN_ACTIVE)
+
+    # --- the tick ------------------------------------------------------------------------------
+    def _reconcile_strategy(self) -> None:
+        self._progress_resize()
+
+    def _changing(self) -> bool:
+        return self._resize is not None
+
+    def _finished(self) -> bool:
+        """Every shard is done: end once the group left at its final checkpoint (it does so by
+        itself within a round), or stop it after a grace."""
+        g = self._current()
+        if g is None or all(
+            (n := self.nodes.get((Role.WORKER, i))) is None or n.handle is None for i in g.node_ids
+        ):
+            return True
+        now = self.mono()
+        if self._done_mono is None:
+            self._done_mono = now
+        grace = max(30.0, 3 * self.spec.pacing.dead_after_s)
+        if now - self._done_mono > grace:
+            log.warning("group %d did not leave within %.0f s of the last shard", g.gid, grace)
+            return True
+        return False
+
+    # --- resizes -------------------------------------------------------------------------------
+    def _apply(self, new: ResourcePlan) -> None:
+        """Resize to ``new``: a pre-warmed group of the new size follows the current one."""
+        assert self.plan is not None
+        new = self._as_allreduce(new)
+        old_plan = self.plan
+        cur = self._current()
+        relaunch = any(
+            o.role is Role.WORKER and o.action == "relaunch" and o not in old_plan.overrides
+            for o in new.overrides
+        )
+        if (
+            cur is not None
+            and not relaunch
+            and (new.workers.count, new.workers.resources) == (cur.world_size, cur.resources)
+        ):
+            self._adopt_plan(new)
+            return
+        try:
+            self._validate(new)
+        except InputError as e:
+            log.warning("resize to %d rank(s) refused: %s", new.workers.count, e)
+            return
+        self._adopt_plan(new)
+        ng = self._launch_group(new, cur.gid if cur is not None else None)
+        if cur is None:
+            self._set_group_state(ng, GEN_ACTIVE)
+            return
+        self._resize = _Resize(cur.gid, ng.gid, self.mono() + self.warm_wait_s)
+
+    def _warm(self, g: _Group) -> bool:
+        """Every rank of ``g`` finished its imports (its ``warm`` event is in its log)."""
+        for node_id in g.node_ids:
+            path = self.run_dir / "logs" / f"worker-{node_id}.log"
+            try:
+                if '"event": "warm"' not in path.read_text(errors="replace"):
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def _progress_resize(self) -> None:
+        assert self.state is not None
+        r = self._resize
+        if r is None:
+            return
+        old, new = self._groups[r.old], self._groups[r.new]
+        now = self.mono()
+        if new.state not in _LIVE:
+            self._resize = None
+            return
+        if r.stop_mono is None:
+            if old.state in _LIVE and not (now >= r.warm_deadline_mono or self._warm(new)):
+                return
+            r.stop_mono = now
+            old.stop_mono = now
+            for node_id in old.node_ids:
+                n = self.nodes.get((Role.WORKER, node_id))
+                if n is not None and n.handle is not None:
+                    self.state.request_stop(node_id)
+                    n.stopping_mono = now
+            log.info("resize: group %d asked to stop; group %d follows", old.gid, new.gid)
+            return
+        rec = self.state.node(Role.WORKER, new.first_node_id)
+        if rec is not None and rec.state is NodeState.RUNNING and rec.stats.get("step", 0) > 0:
+            took = now - r.stop_mono
+            self.resize_downtimes_s.append(took)
+            self._resize_cost = self._resize_cost.record(took)
+            self._set_group_state(new, GEN_ACTIVE)
+            self._resize = None
+            log.info(
+                "resize: group %d (%d rank(s)) training, %.1f s after group %d was asked to stop",
+                new.gid,
+                new.world_size,
+                took,
+                old.gid,
+            )
+
+    def _replan(self) -> None:
+        """Stage 3 (stragglers, memory, pending ranks) and stage 2 on the all-reduce model,
+        every ``pacing.replan_interval_s``; a resize only when it pays for its downtime."""
+        assert self.plan is not None and self.state is not None
+        if self._changing() or not self.observations:
+            return
+        now = self.mono()
+        if now < self._next_replan_mono:
+            return
+        self._next_replan_mono = now + self.spec.pacing.replan_interval_s
+        new = allreduce_post_scale(
+            self.spec, self.plan, self.observations, now_s=self.clock(), options=self.options
+        )
+        if new is None:
+            new = self._stage2()
+        if (
+            new is not None
+            and not new.same_allocation(self.plan)
+            and new.total.fits_in(self.spec.quota.resources)
+        ):
+            self._apply(new)
+
+    def _stage2(self) -> ResourcePlan | None:
+        from dlrover_core.model.throughput import AllReduceThroughputModel, fit_throughput_model
+
+        assert self.plan is not None
+        samples = [*self._prior, *self.samples]
+        if not self.samples:
+            return None
+        try:
+            model = fit_throughput_model(
+                samples, "allreduce", batch_size=self.spec.training.batch_size
+            )
+        except (DLRoverError, ValueError, np.linalg.LinAlgError) as e:
+            log.debug("all-reduce model not fitted yet: %s", e)
+            return None
+        if not isinstance(model, AllReduceThroughputModel):
+            return None
+        obs = self.observations[-1]
+        total = self.spec.data.rows * (self.spec.training.epochs or 1)
+        d = allreduce_scale(
+            model,
+            self.spec,
+            self.plan,
+            current_sps=obs.throughput_sps,
+            remaining_samples=max(0.0, float(total - obs.samples_done)),
+            resize_cost=self._resize_cost,
+            options=self.options,
+        )
+        log.debug("all-reduce stage 2: %s", d.reason)
+        return d.plan
+
+    # --- exits ---------------------------------------------------------------------------------
+    def _on_exit(self, e: NodeExit) -> None:
+        assert self.state is not None and self.plan is not None
+        n = self.nodes.get((e.role, e.node_id))
+        if n is None or n.incarnation != e.incarnation or (n.handle and n.handle.ref != e.ref):
+            return  # a rank of an aborted group
+        n.handle = None
+        g = self._groups.get(n.generation)
+        cls = classify_exit(e.exit_code, e.reason, e.signal)
+        if cls is ExitClass.SUCCEEDED:
+            self.state.mark_node(Role.WORKER, n.node_id, NodeState.SUCCEEDED)
+            if g is not None and all(
+                (m := self.nodes.get((Role.WORKER, i))) is None or m.handle is None
+                for i in g.node_ids
+            ):
+                self._group_left(g)
+            return
+        self.state.mark_node(Role.WORKER, n.node_id, NodeState.FAILED)
+        if g is None or g.state not in _LIVE:
+            return  # its group was already handled
+        self._group_failed(g, n, e, cls)
+
+    def _group_left(self, g: _Group) -> None:
+        """Every rank of ``g`` exited 0: it stopped at a final checkpoint (asked to, or the job
+        is done), or something outside asked it to (SIGTERM): then a new group goes on."""
+        assert self.state is not None and self.plan is not None
+        self._set_group_state(g, GEN_RETIRED)
+        for node_id in g.node_ids:
+            self.nodes.pop((Role.WORKER, node_id), None)
+        if g.stop_mono is not None:
+            return
+        counts = self.state.shards.counts()
+        if counts["todo"] == 0 and counts["doing"] == 0:
+            return
+        if any(x.after == g.gid for x in self._live_groups()):
+            return  # a pre-warmed group takes over from its final checkpoint
+        log.warning("group %d left before the job was done: a new group goes on", g.gid)
+        self._set_group_state(self._launch_group(self.plan, None), GEN_ACTIVE)
+
+    def _rank_says(self, n: _Node) -> str:
+        """The last line the rank wrote on stderr/stdout (its own one-line reason)."""
+        path = self.run_dir / "logs" / f"worker-{n.node_id}.log"
+        with contextlib.suppress(OSError):
+            lines = [
+                ln.strip()
+                for ln in path.read_text(errors="replace").splitlines()
+                if ln.strip() and not ln.startswith("ALLREDUCE-EVENT")
+            ]
+            if lines:
+                return lines[-1][:500]
+        return "see its log"
+
+    def _group_failed(self, g: _Group, n: _Node, e: NodeExit, cls: ExitClass) -> None:
+        assert self.state is not None and self.plan is not None
+        code = e.exit_code if e.exit_code is not None else (-e.signal if e.signal else 1)
+        kind = read_exit(code).kind
+        why = n.kill_reason or f"exit {code} ({kind})"
+        if kind == "fatal" and n.kill_reason is None:
+            self.state.record_fault(
+                {"node": n.name, "exit_code": code, "exit_class": "fatal", "action": "fail job"}
+            )
+            self.failure = f"{n.name} (rank {n.node_id - g.first_node_id}): {self._rank_says(n)}"
+            return
+        others = [x for x in self._live_groups() if x is not g]
+        if g.state == GEN_STARTING and others and all(x.stop_mono is None for x in others):
+            # the pre-warmed group of a resize failed while the old one still trains
+            self._abort_group(g, why)
+            self._resize = None
+            cur = others[-1]
+            self._adopt_plan(
+                self.plan.replace(
+                    workers=RolePlan(cur.world_size, cur.resources),
+                    stage=Stage.FAULT,
+                    reasons=(f"resize to {g.world_size} rank(s) cancelled: {n.name} {why}",),
+                    created_at_s=self.clock(),
+                )
+            )
+            self.state.record_fault(
+                {"node": n.name, "exit_code": code, "exit_class": cls.value, "action": "cancel"}
+            )
+            return
+        key = cls.value
+        tries = self._group_relaunches.get(key, 0)
+        planned = self.plan.workers.resources
+        d = self.faults.decide(Role.WORKER, cls, n.resources, planned, tries)
+        relaunch = d.relaunch and not d.fail_job
+        self.state.record_fault(
+            {
+                "node": n.name,
+                "group": g.gid,
+                "incarnation": n.incarnation,
+                "exit_code": e.exit_code,
+                "signal": e.signal,
+                "reason": e.reason,
+                "exit_class": cls.value,
+                "action": "relaunch the group" if relaunch else "fail job",
+                "resources": d.resources.to_dict() if relaunch else None,
+                "why": f"{why}; {d.reason}",
+            }
+        )
+        log.warning("%s of group %d exited (%s): %s; %s", n.name, g.gid, cls.value, why, d.reason)
+        for x in self._live_groups():
+            self._abort_group(x, f"{n.name} {why}")
+        self._resize = None
+        if not relaunch:
+            self.failure = f"{n.name}: {d.reason} (a group cannot go on without a rank)"
+            return
+        self._group_relaunches[key] = tries + 1
+        if d.resources != planned:
+            self._adopt_plan(
+                self.plan.replace(
+                    workers=RolePlan(self.plan.workers.count, d.resources),
+                    stage=Stage.FAULT,
+                    reasons=(f"{cls.value}: {d.reason}",),
+                    created_at_s=self.clock(),
+                )
+            )
+        self._set_group_state(self._launch_group(self.plan, None), GEN_ACTIVE)
+
+    # --- the end -------------------------------------------------------------------------------
+    def _finish(self) -> dict[str, Any]:
+        from dlrover_core.runtime.report import amend_report
+
+        report = super()._finish()
+        if self.resize_downtimes_s:
+            report["resize_downtimes_s"] = list(self.resize_downtimes_s)
+            with contextlib.suppress(OSError):
+                amend_report(self.run_dir, {"resize_downtimes_s": report["resize_downtimes_s"]})
+        return report
