@@ -62,6 +62,10 @@ def quiet_third_party() -> None:
     os.environ.setdefault("DLROVER_LOG_LEVEL", "WARNING")
     for name in ("dlrover.logger", "tornado.access", "urllib3", "kfp"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # torch's own notes when torchrec traces a module, and DCP loading one process's checkpoint
+    # view (what the all-reduce evaluation and export do on purpose)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 
 def setup(

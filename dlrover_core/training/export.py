@@ -1,9 +1,10 @@
 """Model export: a trained run directory -> files a torch/torchrec user loads without this runtime.
 
-``export_model(run_dir, out)`` reads the final PS checkpoints of the run (read-only, through
-:mod:`dlrover_core.runtime.strategies.ps.checkpoint`'s load API; the layout the master writes is
-``RUN/ps/gen-N/ps-I/ckpt-*.{npz,json}``, the active generation ``N`` in ``master.json``'s
-``generations``) and writes into ``out``:
+``export_model(run_dir, out)`` reads the final checkpoints of the run (an all-reduce run: its
+latest complete DCP checkpoint, every table in full, addressed ``raw_id % rows``; a PS run:
+read-only, through :mod:`dlrover_core.runtime.strategies.ps.checkpoint`'s load API; the
+layout the master writes is ``RUN/ps/gen-N/ps-I/ckpt-*.{npz,json}``, the active generation
+``N`` in ``master.json``'s ``generations``) and writes into ``out``:
 
 ``model.pt``
     ``torch.save`` of a flat ``dict[str, Tensor]`` (loadable with ``weights_only=True``):
@@ -219,6 +220,47 @@ def _model_tensors(spec: JobSpec, states: Sequence[Any]) -> tuple[dict[str, torc
     return tensors, layout
 
 
+def _allreduce_tensors(
+    spec: JobSpec, rd: Path
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The latest complete DCP checkpoint of an all-reduce run, in the export layout: every
+    table written in full, addressed ``raw_id % rows`` as the ranks trained it."""
+    from dlrover_core.runtime.strategies.allreduce.agent import CKPT_DIR
+    from dlrover_core.runtime.strategies.allreduce.checkpoint import (
+        CheckpointStore,
+        load_local_model,
+    )
+
+    root = rd / CKPT_DIR
+    latest = CheckpointStore(root).latest()
+    if latest is None:
+        raise ExportError(
+            f"no complete all-reduce checkpoint under {root}; resume the run to finish it"
+        )
+    try:
+        model = load_local_model(spec, latest.path)
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        raise ExportError(f"the checkpoint {latest.path} cannot be loaded ({e})") from None
+    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    layout = []
+    for t, rows in zip(spec.model.embedding_tables, model.rows, strict=True):
+        layout.append(
+            {
+                "name": t.name,
+                "dim": spec.model.table_dim(t),
+                "num_embeddings": t.num_embeddings,
+                "modulo": int(rows),
+                "layout": "full",
+                "rows": int(rows),
+            }
+        )
+    m = latest.meta
+    sources = [
+        {"path": str(latest.path), "step": m.global_step, "seq": m.seq, "world_size": m.world_size}
+    ]
+    return tensors, layout, sources
+
+
 # --- the exported module -----------------------------------------------------------------------
 
 
@@ -359,13 +401,13 @@ def export_model(
         raise InputError(f"run directory {str(rd)!r} does not exist; pass the --run-dir of a train")
     spec_data = _read_json(rd / "spec.json", "the job spec")
     spec = parse_spec(spec_data, source=str(rd / "spec.json"))
-    if spec.strategy != "ps":
-        raise ExportError(f"export reads PS checkpoints; this run used strategy {spec.strategy!r}")
     report_path = rd / "report.json"
     report = _read_json(report_path, "the run report") if report_path.exists() else None
-    set_dir = _ps_set_dir(rd)
-    states, sources = _load_shards(set_dir)
-    tensors, layout = _model_tensors(spec, states)
+    if spec.strategy == "allreduce":
+        tensors, layout, sources = _allreduce_tensors(spec, rd)
+    else:
+        states, sources = _load_shards(_ps_set_dir(rd))
+        tensors, layout = _model_tensors(spec, states)
 
     card: dict[str, Any] = {
         "format": FORMAT_VERSION,
