@@ -171,6 +171,19 @@ def embedding_mib_per_rank(
     return max(loads) + replicated
 
 
+def table_sharding_types(
+    spec: JobSpec, table: str, options: AllReduceOptions | None = None
+) -> tuple[str, ...]:
+    """The sharding types torchrec may use for ``table``: the options', less the fused ones
+    when its dimension is not a multiple of 4 (fbgemm's kernels would assert)."""
+    opts = options or AllReduceOptions()
+    types = opts.types_for(table)
+    t = next((x for x in spec.model.embedding_tables if x.name == table), None)
+    if t is not None and spec.model.table_dim(t) % 4:
+        types = tuple(st for st in types if st not in _FUSED)
+    return types
+
+
 def validate_allreduce(
     spec: JobSpec,
     world_size: int,

@@ -46,7 +46,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dlrover_core.errors import InputError
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
+from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, table_sharding_types
 from dlrover_core.spec import JobSpec
 from dlrover_core.training.data import Batch, DataSource, from_spec
 from dlrover_core.training.model import DenseTower, LocalDLRM, to_kjt
@@ -123,7 +123,9 @@ def build_plan(
 ) -> Any:
     """torchrec's sharding plan for ``world_size`` ranks (collective: rank 0 plans)."""
     constraints = {
-        t.name: ParameterConstraints(sharding_types=list(options.types_for(t.name)))
+        t.name: ParameterConstraints(
+            sharding_types=list(table_sharding_types(spec, t.name, options))
+        )
         for t in spec.model.embedding_tables
     }
     topology = Topology(
