@@ -159,11 +159,11 @@ def test_master_killed_then_resumed(tmp_path: Path, scenario: str) -> None:
     """SIGKILL the master (steady: the group is adopted; during a resize: the half-done
     resize is stopped and a new group starts from the checkpoint); a new master finishes the
     job exactly once."""
-    rows = 38_400
+    rows = 76_800
     rd = tmp_path / "run"
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec_dict(rows)))
-    env = {**os.environ, DELAY_ENV: "0.15", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, DELAY_ENV: "0.5", "PYTHONPATH": str(ROOT)}
     first = subprocess.run(
         [sys.executable, str(DRIVER), str(rd), str(spec_path), scenario],
         env=env,

@@ -492,6 +492,12 @@ class AllReduceMaster(JobMaster):
         n.handle = None
         g = self._groups.get(n.generation)
         cls = classify_exit(e.exit_code, e.reason, e.signal)
+        if e.exit_code is None and e.signal is None:
+            # no status (a rank adopted after a master restart is not our child): it left at
+            # the end of the job if the queue is done, else it was lost
+            counts = self.state.shards.counts()
+            if counts["todo"] == 0 and counts["doing"] == 0:
+                cls = ExitClass.SUCCEEDED
         if cls is ExitClass.SUCCEEDED:
             self.state.mark_node(Role.WORKER, n.node_id, NodeState.SUCCEEDED)
             if g is not None and all(
@@ -537,9 +543,11 @@ class AllReduceMaster(JobMaster):
 
     def _group_failed(self, g: _Group, n: _Node, e: NodeExit, cls: ExitClass) -> None:
         assert self.state is not None and self.plan is not None
-        code = e.exit_code if e.exit_code is not None else (-e.signal if e.signal else 1)
-        kind = read_exit(code).kind
-        why = n.kill_reason or f"exit {code} ({kind})"
+        code: int | None = e.exit_code if e.exit_code is not None else None
+        if code is None and e.signal:
+            code = -e.signal
+        kind = read_exit(code).kind if code is not None else "lost"
+        why = n.kill_reason or (f"exit {code} ({kind})" if code is not None else str(e.reason))
         if kind == "fatal" and n.kill_reason is None:
             self.state.record_fault(
                 {"node": n.name, "exit_code": code, "exit_class": "fatal", "action": "fail job"}
