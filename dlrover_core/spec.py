@@ -447,6 +447,22 @@ class BackendSpec(_Strict):
         return self
 
 
+class AllReduceSpec(_Strict):
+    """Options of ``strategy: allreduce`` (ignored by PS jobs): the sharding types torchrec's
+    planner may choose from (default: every CPU-capable type), per-table overrides, the
+    collective backend, and how often the group checkpoints (a shard counts as done once a
+    checkpoint holding it is complete). Unknown types or tables are refused when the job
+    starts, naming them."""
+
+    sharding: list[str] | None = Field(
+        default=None, description="table_wise, column_wise, table_column_wise, data_parallel, ..."
+    )
+    table_sharding: dict[str, list[str]] = Field(default_factory=dict)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    checkpoint_interval_s: float = Field(default=10, gt=0)
+    keep_checkpoints: int = Field(default=2, ge=1)
+
+
 class HistorySpec(_Strict):
     url: str | None = Field(default=None, description="SQLAlchemy URL; default a SQLite file")
 
@@ -464,6 +480,7 @@ class JobSpec(_Strict):
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()
     strategy: Literal["ps", "allreduce"] = "ps"
+    allreduce: AllReduceSpec = AllReduceSpec()
     quota: QuotaSpec
     constraints: Constraints = Constraints()
     pacing: PacingSpec = PacingSpec()

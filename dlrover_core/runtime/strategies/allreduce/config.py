@@ -74,6 +74,18 @@ class AllReduceOptions:
     checkpoint_interval_s: float = 10.0
     keep_checkpoints: int = 2
 
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> AllReduceOptions:
+        """The spec's ``allreduce:`` section."""
+        a = spec.allreduce
+        return cls(
+            sharding=tuple(a.sharding) if a.sharding else CPU_SHARDING_TYPES,
+            sharding_by_table={t: tuple(v) for t, v in a.table_sharding.items()},
+            backend=a.backend,
+            checkpoint_interval_s=float(a.checkpoint_interval_s),
+            keep_checkpoints=int(a.keep_checkpoints),
+        )
+
     def types_for(self, table: str) -> tuple[str, ...]:
         return tuple(self.sharding_by_table.get(table, self.sharding))
 

@@ -115,7 +115,7 @@ class AllReduceMaster(JobMaster):
         warm_wait_s: float | None = None,
         **kwargs: Any,
     ) -> None:
-        self.options = options or AllReduceOptions()
+        self.options = options or AllReduceOptions.from_spec(spec)
         kwargs.setdefault("strategy", AllReduceStrategy.for_run(run_dir, self.options))
         super().__init__(spec, run_dir, backend, **kwargs)
         self.warm_wait_s = (
