@@ -32,7 +32,8 @@ class NodeCommand:
     restore_seq: int = 0  # the done_seq tag of those sources
     rank: int = 0  # an all-reduce rank: its rank in its group
     world_size: int = 0  # ... the group's size
-    rdzv: str = ""  # ... HOST:PORT of the group's store (rank 0 hosts it)
+    rdzv: str = ""  # ... HOST:PORT of the rendezvous store (the master's)
+    rdzv_prefix: str = ""  # ... the group's keys in it
     after_generation: int | None = None  # ... pre-warmed: join once this group left
 
 

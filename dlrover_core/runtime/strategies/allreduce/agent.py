@@ -5,7 +5,8 @@ token first)::
 
     python -m dlrover_core.runtime.strategies.allreduce.agent --run-dir DIR --master HOST:PORT \\
         --node-id N --rank R --world-size W --generation G --rdzv HOST:PORT \\
-        [--incarnation I] [--ckpt-dir DIR] [--after-generation G0] [--threads T] \\
+        [--rdzv-prefix P] [--incarnation I] [--ckpt-dir DIR] [--after-generation G0] \\
+        [--threads T] \\
         [--sharding table_wise,column_wise] [--table-sharding TABLE=type,...] \\
         [--backend auto|gloo|nccl] [--checkpoint-interval-s S] [--keep-checkpoints K]
 
@@ -155,6 +156,7 @@ class RankArgs:
     generation: int
     rdzv: str
     incarnation: int = 0
+    rdzv_prefix: str | None = None  # set: the store at rdzv is the master's, keys under it
     ckpt_dir: Path | None = None
     after_generation: int | None = None
     threads: int | None = None
@@ -188,6 +190,8 @@ def agent_argv(args: RankArgs, python: str = sys.executable) -> list[str]:
         "--incarnation",
         str(args.incarnation),
     ]
+    if args.rdzv_prefix:
+        argv += ["--rdzv-prefix", args.rdzv_prefix]
     if args.ckpt_dir is not None:
         argv += ["--ckpt-dir", str(args.ckpt_dir)]
     if args.after_generation is not None:
@@ -343,12 +347,28 @@ class RankAgent:
         backend = a.options.resolved_backend(torch.cuda.is_available())
         if backend == "nccl":
             torch.cuda.set_device(a.rank % max(1, torch.cuda.device_count()))
+        timeout = timedelta(seconds=self.spec.pacing.dead_after_s)
+        if a.rdzv_prefix:
+            # the job master hosts the store (every backend knows its address; no rank's
+            # address is needed before the ranks start); each group has its own key prefix
+            host, _, port = a.rdzv.rpartition(":")
+            store = dist.TCPStore(
+                host, int(port), is_master=False, timeout=timeout, wait_for_workers=False
+            )
+            dist.init_process_group(
+                backend,
+                store=dist.PrefixStore(a.rdzv_prefix, store),
+                rank=a.rank,
+                world_size=a.world_size,
+                timeout=timeout,
+            )
+            return backend
         dist.init_process_group(
             backend,
             init_method=f"tcp://{a.rdzv}",
             rank=a.rank,
             world_size=a.world_size,
-            timeout=timedelta(seconds=self.spec.pacing.dead_after_s),
+            timeout=timeout,
         )
         return backend
 
@@ -571,6 +591,9 @@ def _parse(argv: Sequence[str] | None) -> RankArgs:
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--generation", type=int, required=True, help="the group's generation")
     p.add_argument("--rdzv", required=True, help="HOST:PORT of the group's store (rank 0 binds)")
+    p.add_argument(
+        "--rdzv-prefix", default=None, help="the store at --rdzv is the master's: key prefix"
+    )
     p.add_argument("--incarnation", type=int, default=0)
     p.add_argument("--ckpt-dir", type=Path, default=None, help=f"default RUN_DIR/{CKPT_DIR}")
     p.add_argument("--after-generation", type=int, default=None)
@@ -597,6 +620,7 @@ def _parse(argv: Sequence[str] | None) -> RankArgs:
         generation=ns.generation,
         rdzv=ns.rdzv,
         incarnation=ns.incarnation,
+        rdzv_prefix=ns.rdzv_prefix,
         ckpt_dir=ns.ckpt_dir,
         after_generation=ns.after_generation,
         threads=ns.threads,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ from dlrover_core.runtime.backends.base import LOST_REASON, NodeExit, NodeSpec
 from dlrover_core.runtime.controller import JobMaster, _Node
 from dlrover_core.runtime.state import GEN_ABORTED, GEN_ACTIVE, GEN_RETIRED, GEN_STARTING
 from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, validate_allreduce
-from dlrover_core.runtime.strategies.allreduce.launch import RANK_ENV, free_port, read_exit
+from dlrover_core.runtime.strategies.allreduce.launch import RANK_ENV, read_exit
 from dlrover_core.runtime.strategies.allreduce.strategy import AllReduceStrategy
 from dlrover_core.runtime.strategies.base import NodeCommand
 from dlrover_core.types import NodeResources, NodeState, ResourcePlan, Role, RolePlan, Stage
@@ -130,6 +131,8 @@ class AllReduceMaster(JobMaster):
         self.resize_downtimes_s: list[float] = []
         self._next_replan_mono = 0.0
         self._done_mono: float | None = None
+        self._store: Any = None
+        self._rdzv = ""
 
     # --- groups --------------------------------------------------------------------------------
     def _live_groups(self) -> list[_Group]:
@@ -144,8 +147,20 @@ class AllReduceMaster(JobMaster):
         ids = [k[1] for k in self.nodes] + [r.node_id for r in self.state.nodes.values()]
         return max(ids, default=-1) + 1
 
-    def _rdzv_host(self) -> str:
-        return self.address.rsplit(":", 1)[0]
+    def _prepare(self) -> None:
+        """The controller's set-up, plus the rendezvous store every group joins through (the
+        master's address is known to every backend; each group uses its own key prefix, and a
+        group needs the store only to form, so a master restart does not disturb one)."""
+        super()._prepare()
+        import torch.distributed as dist
+
+        bind, advertise = self.backend.endpoint()
+        # on any free port, so the address to give is this pod's own (the master's Service
+        # only names the gRPC port); a restarted master gives its new one to new groups
+        host = os.environ.get("POD_IP") or advertise  # the downward API's status.podIP
+        self._store = dist.TCPStore(bind, 0, is_master=True, wait_for_workers=False)
+        self._rdzv = f"{host}:{self._store.port}"
+        log.info("rendezvous store on %s", self._rdzv)
 
     def _as_allreduce(self, plan: ResourcePlan) -> ResourcePlan:
         """Ranks only: the PS part of a plan (e.g. from history or a generic planner) goes, and
@@ -183,7 +198,7 @@ class AllReduceMaster(JobMaster):
             world_size=w.count,
             first_node_id=self._next_node_id(),
             resources=w.resources,
-            rdzv=f"{self._rdzv_host()}:{free_port()}",
+            rdzv=self._rdzv,
             after=after,
             state=GEN_STARTING,
         )
@@ -242,6 +257,7 @@ class AllReduceMaster(JobMaster):
             rank=n.node_id - g.first_node_id,
             world_size=g.world_size,
             rdzv=g.rdzv,
+            rdzv_prefix=f"group-{g.gid}/",
             after_generation=g.after,
         )
         return NodeSpec(
@@ -615,6 +631,7 @@ class AllReduceMaster(JobMaster):
         from dlrover_core.runtime.report import amend_report
 
         report = super()._finish()
+        self._store = None  # the rendezvous store stops with the job
         if self.resize_downtimes_s:
             report["resize_downtimes_s"] = list(self.resize_downtimes_s)
             with contextlib.suppress(OSError):

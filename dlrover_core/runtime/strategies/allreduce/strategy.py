@@ -52,6 +52,8 @@ class AllReduceStrategy:
             str(cmd.generation),
             "--rdzv",
             cmd.rdzv,
+            "--rdzv-prefix",
+            cmd.rdzv_prefix,
             "--incarnation",
             str(cmd.incarnation),
             "--ckpt-dir",
