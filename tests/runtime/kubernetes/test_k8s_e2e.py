@@ -206,3 +206,54 @@ def test_master_restarted_mid_run_resumes_and_adopts_its_pods(
 
 def _log(kubelet: KubeletStandIn, pod: str) -> str:
     return (kubelet.root / "logs" / f"{pod}.log").read_text()
+
+
+def test_small_allreduce_trains_through_kubernetes_rank_pod_deleted(
+    apiserver: ApiServerThread, tmp_path: Path
+) -> None:
+    """small-allreduce.yaml with 2 ranks, one pod each; at 30 % a rank's pod is deleted: the
+    group is relaunched from its last checkpoint (new pods); exactly once, AUC, no pod left."""
+    spec = load_spec(
+        str(ROOT / "pipelines" / "specs" / "small-allreduce.yaml"),
+        ["data.rows=200000", "allreduce.checkpoint_interval_s=1", *SLACK],
+    )
+    plan = ResourcePlan(
+        RolePlan(2, NodeResources(1000, 1536)),
+        RolePlan(0, NodeResources(0, 0)),
+        Stage.COLD_START,
+        ("test plan: 2 ranks",),
+    )
+    deleted: list[str] = []
+    deadline = time.monotonic() + 480
+
+    with KubeletStandIn(apiserver.client(), NAMESPACE, tmp_path / "node") as kubelet:
+        state_dir = kubelet.root / "pvc" / "state"
+        state_dir.mkdir(parents=True)
+        core = k8s.CoreV1Api(apiserver.client())
+
+        def on_tick(m: JobMaster) -> None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the job did not finish in time (deleted: {deleted})")
+            assert m.state is not None
+            q = m.state.shards
+            if deleted or q.samples_done < 0.3 * q.samples_total:
+                return
+            n = m.nodes.get((Role.WORKER, 1))  # rank 1 of the first group
+            if n is not None and n.handle is not None:
+                core.delete_namespaced_pod(n.handle.ref, NAMESPACE, grace_period_seconds=0)
+                deleted.append(n.handle.ref)
+
+        m = make_master(spec, apiserver.url, NAMESPACE, state_dir, plan=plan, on_tick=on_tick)
+        report = m.run()
+        assert kubelet.errors == []
+    check_exactly_once(report)
+    assert len(deleted) == 1
+    assert any(f.get("action") == "relaunch the group" for f in report["faults"]), report["faults"]
+    assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
+    pods = apiserver.api.objects_of("pods", NAMESPACE)
+    live = [
+        p["metadata"]["name"]
+        for p in pods
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+    assert live == [], f"pods outlived the job: {live}"
