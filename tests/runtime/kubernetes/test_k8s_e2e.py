@@ -257,3 +257,98 @@ def test_small_allreduce_trains_through_kubernetes_rank_pod_deleted(
         if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
     ]
     assert live == [], f"pods outlived the job: {live}"
+
+
+def _live_pods(apiserver: ApiServerThread) -> list[str]:
+    return [
+        p["metadata"]["name"]
+        for p in apiserver.api.objects_of("pods", NAMESPACE)
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+
+
+def test_hot_ps_migration_and_an_in_place_worker_resize_through_kubernetes(
+    apiserver: ApiServerThread, tmp_path: Path
+) -> None:
+    """At 25 % the plan asks for 2 PS (a PS-set change: new PS pods re-sharded from the old
+    set's checkpoints), at 55 % for half the CPU on every worker (``pods/resize``: the same
+    pods, resized in place). Exactly once, the model still learns, no pod left."""
+    spec = load_spec(SMALL, ["data.rows=160000", *SLACK])
+    done: list[str] = []
+    deadline = time.monotonic() + 480
+
+    def on_tick(m: JobMaster) -> None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the job did not finish in time (done: {done})")
+        assert m.state is not None and m.plan is not None
+        frac = m.state.shards.samples_done / max(1, m.state.shards.samples_total)
+        if not done and frac >= 0.25:
+            done.append("migrate")
+            m._apply(m.plan.replace(ps=RolePlan(2, m.plan.ps.resources), reasons=("test: 2 PS",)))
+        elif done == ["migrate"] and frac >= 0.55 and not m._changing():
+            done.append("resize")
+            w = m.plan.workers
+            half = NodeResources(w.resources.cpu_millicores // 2, w.resources.memory_mib)
+            m._apply(m.plan.replace(workers=RolePlan(w.count, half), reasons=("test: half CPU",)))
+        elif done == ["migrate", "resize"]:
+            for p in apiserver.api.objects_of("pods", NAMESPACE):
+                if p["metadata"]["name"] == "small-worker-0-0":
+                    limits.append(p["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+                    done.append("seen")
+
+    limits: list[str] = []
+    with KubeletStandIn(apiserver.client(), NAMESPACE, tmp_path / "node") as kubelet:
+        state_dir = kubelet.root / "pvc" / "state"
+        state_dir.mkdir(parents=True)
+        m = make_master(spec, apiserver.url, NAMESPACE, state_dir, plan=_plan(), on_tick=on_tick)
+        report = m.run()
+        assert kubelet.errors == []
+    check_exactly_once(report)
+    assert done == ["migrate", "resize", "seen"]
+    assert len(report.get("ps_switch_s", [])) >= 1  # the new PS set became active
+    ps = {(ln["node"], ln["generation"]) for ln in m.launches if ln["node"].startswith("ps-")}
+    assert ("ps-1", 2) in ps and ("ps-0", 2) in ps, ps  # the second generation: 2 PS
+    workers = [ln for ln in m.launches if ln["node"].startswith("worker-")]
+    assert {ln["incarnation"] for ln in workers} == {0}, workers  # resized, not relaunched
+    assert limits and limits[0] in ("500m", "0.5"), limits  # the same pod, half the CPU
+    assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
+    assert _live_pods(apiserver) == []
+
+
+def test_a_stopped_ps_pod_is_found_by_its_heartbeats_and_relaunched(
+    apiserver: ApiServerThread, tmp_path: Path
+) -> None:
+    """The fault matrix's hung PS through Kubernetes: the PS process is SIGSTOPped (a node
+    that hangs: its pod stays Running); its heartbeats stop, the master deletes the pod and
+    the fault policy relaunches it from its checkpoint; exactly once."""
+    spec = load_spec(
+        SMALL, ["data.rows=120000", "pacing.pending_timeout_s=240", "pacing.dead_after_s=15"]
+    )
+    stopped: list[int] = []
+    deadline = time.monotonic() + 480
+
+    with KubeletStandIn(apiserver.client(), NAMESPACE, tmp_path / "node") as kubelet:
+
+        def on_tick(m: JobMaster) -> None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the job did not finish in time")
+            assert m.state is not None
+            q = m.state.shards
+            if stopped or q.samples_done < 0.3 * q.samples_total:
+                return
+            n = m.nodes.get((Role.PS, 0))
+            pid = kubelet.pid_of(n.handle.ref) if n is not None and n.handle else None
+            if pid is not None:
+                os.killpg(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+        state_dir = kubelet.root / "pvc" / "state"
+        state_dir.mkdir(parents=True)
+        m = make_master(spec, apiserver.url, NAMESPACE, state_dir, plan=_plan(), on_tick=on_tick)
+        report = m.run()
+        assert kubelet.errors == []
+    check_exactly_once(report)
+    assert stopped
+    faults = [(f["node"], f["action"], f.get("why", "")) for f in report["faults"]]
+    assert any(n == "ps-0" and a == "relaunch" and "heartbeat" in w for n, a, w in faults), faults
+    assert _live_pods(apiserver) == []
