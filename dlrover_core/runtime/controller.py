@@ -116,6 +116,7 @@ class _Node:
     relaunches: dict[str, int] = field(default_factory=dict)
     stopping_mono: float | None = None  # a worker asked to leave (scale-down)
     kill_reason: str | None = None  # why the controller killed it (liveness)
+    resized_mono: float | None = None  # resized in place: follow the backend's word on it
 
     @property
     def name(self) -> str:
@@ -556,6 +557,7 @@ class JobMaster:
                 ):
                     log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
                     n.resources = want
+                    n.resized_mono = self.mono()
                     self.state.record_launch(
                         n.role,
                         n.node_id,
@@ -715,6 +717,30 @@ class JobMaster:
             grace = max(60.0, 3 * self.spec.pacing.dead_after_s)
             if n.stopping_mono is not None and n.handle and now - n.stopping_mono > grace:
                 self.backend.stop(n.handle, grace_s=5.0, wait=False)
+
+    def _check_resizes(self) -> None:
+        """An accepted in-place resize the node cannot give (infeasible, or still deferred
+        after ``pending_timeout_s``) becomes a relaunch at the new size; one the backend calls
+        done is no longer followed."""
+        assert self.state is not None
+        now = self.mono()
+        for n in list(self.nodes.values()):
+            if n.resized_mono is None or n.handle is None or n.role is not Role.WORKER:
+                continue
+            st = self.backend.resize_state(n.handle)
+            waited = now - n.resized_mono
+            if st is None and waited > 30.0:
+                n.resized_mono = None
+            elif st == "infeasible" or (
+                st == "deferred" and waited > self.spec.pacing.pending_timeout_s
+            ):
+                why = f"in-place resize to {n.resources} {st} after {waited:.0f} s"
+                log.warning("%s: %s: relaunching it at that size", n.name, why)
+                self.state.record_fault(
+                    {"node": n.name, "incarnation": n.incarnation, "exit_class": "resize",
+                     "action": "relaunch", "why": why}
+                )  # fmt: skip
+                self._start_worker(n.node_id, n.resources)
 
     def _kill(self, role: Role, node_id: int, why: str) -> None:
         n = self.nodes.get((role, node_id))
@@ -916,6 +942,7 @@ class JobMaster:
             if self.failure is not None:
                 return True
         self._check_liveness()
+        self._check_resizes()
         self._reconcile_strategy()
         if self.failure is not None or self.stop_reason is not None:
             return True

@@ -179,3 +179,39 @@ def test_disk_reserve_is_real_space_and_released(tmp_path: Path) -> None:
     assert r.path.stat().st_blocks * 512 >= 1 << 20  # not sparse
     r.release()
     assert not r.path.exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "waited_s", "relaunched"),
+    [("infeasible", 1.0, True), ("deferred", 1.0, False), ("deferred", 1e4, True),
+     ("in_progress", 1.0, False), (None, 1.0, False)],
+)  # fmt: skip
+def test_an_infeasible_in_place_resize_becomes_a_relaunch(
+    tmp_path: Path, state: str | None, waited_s: float, relaunched: bool
+) -> None:
+    """The backend accepted a resize the node cannot give: the worker is relaunched at the new
+    size (a deferred one only after pending_timeout_s); a resize still in progress waits."""
+    from dlrover_core.runtime.backends.base import NodeHandle
+    from dlrover_core.runtime.backends.local import LocalBackend
+    from dlrover_core.runtime.controller import JobMaster, _Node
+    from tests.factories import make_spec
+
+    class Backend(LocalBackend):
+        def resize_state(self, handle: NodeHandle) -> str | None:
+            return state
+
+    now = [100.0]
+    m = JobMaster(make_spec(), tmp_path / "run", Backend(), monotonic=lambda: now[0])
+    m.state = MasterState(tmp_path / "run", total_rows=1000, shard_size=100)
+    n = _Node(Role.WORKER, 0, NodeResources(4000, 2048))
+    n.handle = NodeHandle(Role.WORKER, 0, 0, "123", 0.0)
+    n.resized_mono = now[0]
+    m.nodes[(Role.WORKER, 0)] = n
+    started: list[tuple[int, NodeResources]] = []
+    m._start_worker = lambda i, r: started.append((i, r))  # type: ignore[method-assign]
+    now[0] += waited_s
+    m._check_resizes()
+    assert started == ([(0, NodeResources(4000, 2048))] if relaunched else [])
+    if relaunched:
+        assert m.state.faults[-1]["exit_class"] == "resize"
+    m.state.close()

@@ -260,6 +260,12 @@ class Backend(Protocol):
         the caller relaunches the node instead."""
         ...
 
+    def resize_state(self, handle: NodeHandle) -> str | None:
+        """How an accepted in-place resize stands: ``"infeasible"`` (the node can never give
+        it: the caller relaunches the node at the new size), ``"deferred"`` (not now; maybe
+        later), ``"in_progress"``, or ``None`` (done, or nothing to follow)."""
+        ...
+
 
 @runtime_checkable
 class RunLease(Protocol):

@@ -100,6 +100,7 @@ from dlrover_core.runtime.backends.kubernetes_pods import (
     node_to_pod,
     pod_exit,
     pod_name,
+    pod_resize_state,
 )
 from dlrover_core.types import NodeResources, Role
 from dlrover_core.units import cpu_millicores, format_cpu, memory_mib
@@ -443,6 +444,15 @@ class KubernetesBackend:
         with self._lock:
             node.resources = resources
         return True
+
+    def resize_state(self, handle: NodeHandle) -> str | None:
+        """From the pod as last observed: the ``PodResizePending`` condition (reason
+        ``Infeasible`` or ``Deferred``, Kubernetes 1.33+) or ``PodResizeInProgress``, else
+        the older ``status.resize`` field (1.27-1.32)."""
+        with self._lock:
+            node = self._pods.get(handle.ref)
+            pod = node.last if node is not None and node.handle == handle else None
+        return pod_resize_state(pod) if pod is not None else None
 
     # ------------------------------------------------------------------ extras
 

@@ -275,6 +275,26 @@ def _identity(pod: Mapping[str, Any]) -> tuple[Role, int, int] | None:
         return None
 
 
+def pod_resize_state(pod: Mapping[str, Any]) -> str | None:
+    """How the pod's last in-place resize stands (pure): ``infeasible``, ``deferred``,
+    ``in_progress`` or ``None``. Kubernetes 1.33+ says it with the ``PodResizePending``
+    (reason ``Infeasible``/``Deferred``) and ``PodResizeInProgress`` conditions; 1.27-1.32
+    with ``status.resize``."""
+    status = pod.get("status") or {}
+    for c in status.get("conditions") or []:
+        if c.get("status") != "True":
+            continue
+        if c.get("type") == "PodResizePending":
+            reason = str(c.get("reason") or "").lower()
+            return "infeasible" if reason == "infeasible" else "deferred"
+        if c.get("type") == "PodResizeInProgress":
+            return "in_progress"
+    legacy = str(status.get("resize") or "").lower()
+    return {"infeasible": "infeasible", "deferred": "deferred", "inprogress": "in_progress"}.get(
+        legacy
+    )
+
+
 def pod_exit(
     pod: Mapping[str, Any], *, at_s: float = 0.0, requested: bool = False
 ) -> NodeExit | Literal["pending"] | None:

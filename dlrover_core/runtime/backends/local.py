@@ -316,6 +316,10 @@ class LocalBackend:
         """Everything runs on this machine: bind and advertise loopback."""
         return LOOPBACK, LOOPBACK
 
+    def resize_state(self, handle: NodeHandle) -> str | None:
+        """A local re-pin is done when :meth:`resize` returns."""
+        return None
+
     def resize(self, handle: NodeHandle, resources: NodeResources) -> bool:
         """Re-pin every process of the node to a CPU set of the new size (memory unchanged:
         a different memory limit needs a relaunch). ``False`` when it cannot (not pinned,

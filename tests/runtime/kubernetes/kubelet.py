@@ -26,7 +26,8 @@ over HTTP, like a kubelet) and drives each one:
   ``deletionGracePeriodSeconds``; once the process has ended its final status is written and
   the pod deleted with grace 0. A pod that vanished (force-deleted): SIGKILL at once.
 - **Resize.** A changed CPU limit is applied (the process's CPU affinity is re-pinned when the
-  machine allows it) and reported in ``containerStatuses[].resources``.
+  machine allows it) and reported in ``containerStatuses[].resources``; one above the node's
+  capacity is not, and the pod gets ``PodResizePending=True`` with reason ``Infeasible``.
 - **Metrics.** ``metrics.k8s.io/v1beta1`` PodMetrics (CPU and memory of the process tree)
   every ``metrics_every_s``, for ``KubernetesBackend.usage``.
 
@@ -79,6 +80,7 @@ class _Proc:
     max_rss_mib: float = 0.0
     cpu_samples: list[tuple[float, float]] = field(default_factory=list)
     log_file: Any = None
+    infeasible_m: int | None = None  # a resize to this CPU was refused as infeasible
 
 
 def _requests(pod: dict[str, Any]) -> NodeResources:
@@ -368,7 +370,25 @@ class KubeletStandIn:
 
     def _apply_resize(self, name: str, container: dict[str, Any], proc: _Proc) -> None:
         lim = _limits(container)
-        if lim.cpu_millicores == proc.cpu_millicores:
+        if lim.cpu_millicores == proc.cpu_millicores or lim.cpu_millicores == proc.infeasible_m:
+            return
+        if lim.cpu_millicores > self.capacity.cpu_millicores:
+            # more than this node has: what a 1.33+ kubelet says, and it keeps the old size
+            proc.infeasible_m = lim.cpu_millicores
+            self._status(
+                name,
+                {
+                    "conditions": [
+                        {
+                            "type": "PodResizePending",
+                            "status": "True",
+                            "reason": "Infeasible",
+                            "message": f"Node didn't have enough capacity: cpu, requested: "
+                            f"{lim.cpu_millicores}, capacity: {self.capacity.cpu_millicores}",
+                        }
+                    ]
+                },
+            )
             return
         proc.cpu_millicores = lim.cpu_millicores
         cpus = sorted(os.sched_getaffinity(0))

@@ -402,3 +402,24 @@ def test_a_pod_without_node_labels_is_refused_clearly() -> None:
 def test_classifier_reads_the_kubernetes_reasons(reason: str, cls: ExitClass) -> None:
     assert classify_exit(None, reason) is cls
     assert classify_exit(137, reason) is cls
+
+
+@pytest.mark.parametrize(
+    ("status", "want"),
+    [
+        ({}, None),
+        ({"conditions": [{"type": "PodResizePending", "status": "True", "reason": "Infeasible"}]},
+         "infeasible"),
+        ({"conditions": [{"type": "PodResizePending", "status": "True", "reason": "Deferred"}]},
+         "deferred"),
+        ({"conditions": [{"type": "PodResizePending", "status": "False", "reason": "Deferred"}]},
+         None),
+        ({"conditions": [{"type": "PodResizeInProgress", "status": "True"}]}, "in_progress"),
+        ({"resize": "Infeasible"}, "infeasible"),  # Kubernetes 1.27-1.32
+        ({"resize": "InProgress"}, "in_progress"),
+    ],
+)  # fmt: skip
+def test_pod_resize_state(status: dict, want: str | None) -> None:
+    from dlrover_core.runtime.backends.kubernetes_pods import pod_resize_state
+
+    assert pod_resize_state({"status": status}) == want

@@ -238,3 +238,17 @@ def test_nothing_outlives_the_master_pod(
             )
         )
     assert not [p for p in apiserver.api.objects_of("pods", NAMESPACE)]
+
+
+def test_an_infeasible_resize_is_reported_by_the_backend(
+    make_backend: MakeBackend, kubelet: KubeletStandIn
+) -> None:
+    """More CPU than the node has: the API accepts the resize, the kubelet cannot give it
+    (``PodResizePending``/``Infeasible``), and the backend says so for the controller."""
+    b = make_backend()
+    h = b.launch(_py("import time; time.sleep(120)", resources=NodeResources(1000, 512)))
+    _until(lambda: kubelet.pid_of(h.ref))
+    assert b.resize_state(h) is None
+    assert b.resize(h, NodeResources(kubelet.capacity.cpu_millicores + 1000, 512))
+    _until(lambda: b.resize_state(h) == "infeasible")
+    b.kill(h)
