@@ -78,3 +78,15 @@ def test_pipeline_runs_end_to_end_locally(tmp_path: Path) -> None:
     assert abs(auc(held.labels, logits) - report["auc"]) < 0.005
     (model_art,) = train_out["artifacts"]["model"]["artifacts"]
     assert model_art["metadata"]["framework"] == "torch"
+    # the rich outputs the KFP UI shows: the plan's reasons, the report, report.png
+    reasons = (run / "dlrover-plan" / "reasons").read_text()
+    assert reasons.startswith("# Plan for small: ") and "### Why" in reasons
+    assert all(" ".join(r.split()) in reasons for r in plan["reasons"])
+    summary = (run / "dlrover-train" / "summary").read_text()
+    assert summary.startswith("# small: succeeded") and "## Plans (stages)" in summary
+    dashboard = (run / "dlrover-train" / "dashboard").read_text()
+    assert "data:image/png;base64," in dashboard
+    for name, key in (("dlrover-plan", "reasons"), ("dlrover-train", "summary")):
+        out = json.loads((run / name / "executor_output.json").read_text())
+        (art,) = out["artifacts"][key]["artifacts"]
+        assert art["uri"].endswith(f"/{name}/{key}")
