@@ -65,7 +65,7 @@ def dlrover_train(
         plan=plan.path,
         run_dir=run.path,
         history=history or None,
-        progress=False,
+        progress=True,  # not a terminal: one progress record every 15 s in the pod log
         model_dir=model.path,
     )
     from dlrover_core.runtime.render import report_html, report_markdown
