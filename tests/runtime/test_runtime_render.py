@@ -185,3 +185,28 @@ def test_plan_markdown() -> None:
         assert line in md, line
     cold = plan_markdown({**plan, "history": {"store": None, "records": 0}, "reasons": []})
     assert "| history read | none (cold start) |" in cold and "- (no reason given)" in cold
+
+
+def test_done_rate_follows_the_shards_over_a_window() -> None:
+    from dlrover_core.runtime.report import done_rate
+
+    tl = [{"t": float(t), "samples_done": n} for t, n in [(0, 0), (1, 0), (2, 500), (3, 1000)]]
+    tl += [{"t": 20.0, "samples_done": 1000}]
+    # 500 samples a second from t=1 to t=3; over the 10 s window up to t=3: 1000 / 3 s;
+    # at t=20 the window (10..20) saw nothing done
+    assert done_rate(tl) == [0.0, 0.0, 250.0, 1000 / 3, 0.0]
+    assert done_rate(tl, window_s=1.0) == [0.0, 0.0, 500.0, 500.0, 0.0]
+    assert done_rate([]) == []
+
+
+def test_report_png_is_drawn_with_plans_and_faults_marked(tmp_path: Path) -> None:
+    from dlrover_core.runtime.report import plot_report
+
+    tl = [
+        {"t": 100.0 + i, "throughput_sps": 0.0, "samples_done": 1000 * i, "alloc_cpu_m": 2000,
+         "alloc_mem_mib": 4096, "used_cpu_m": 900, "used_mem_mib": 1500}
+        for i in range(60)
+    ]  # fmt: skip
+    plot_report(tmp_path, tl, make_report())
+    png = (tmp_path / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
