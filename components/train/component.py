@@ -44,13 +44,21 @@ def dlrover_train(
         The job's final state ("succeeded"); a job that did not succeed fails the task.
     """
     import json
+    import logging
     from pathlib import Path
 
     import yaml
 
     from dlrover_core import api, logs
 
-    logs.setup("info")  # the master's launch/plan/export lines reach the pod log
+    root = logging.getLogger()
+    if root.handlers:  # the KFP executor's own handler: keep it (one line a record), redacted
+        logs.quiet_third_party()
+        for h in root.handlers:
+            h.addFilter(logs.RedactingFilter())
+        root.setLevel(logging.INFO)
+    else:
+        logs.setup("info")  # the master's launch/plan/progress/export lines reach the pod log
 
     spec = yaml.safe_load(spec_yaml)
     if dataset is not None:

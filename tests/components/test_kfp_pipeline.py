@@ -46,8 +46,13 @@ def test_train_resources_are_placeholders_bound_to_the_plan_outputs() -> None:
 
 
 @pytest.mark.slow
-def test_pipeline_runs_end_to_end_locally(tmp_path: Path) -> None:
+def test_pipeline_runs_end_to_end_locally(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     pipeline.run_local(pipeline_root=str(tmp_path))  # kfp.local raises if a task fails
+    # the train task's log has progress records, once each (through the KFP executor's handler)
+    log = capfd.readouterr()
+    lines = [ln for ln in (log.out + log.err).splitlines() if "progress: 0/" in ln]
+    assert lines and len(lines) == len(set(lines)), lines
+    assert not [ln for ln in lines if "dlrover_rm.progress:" in ln], "logged twice"
     (run,) = tmp_path.iterdir()
     assert (run / "dlrover-profile" / "samples").read_text().strip()
     plan_out = json.loads((run / "dlrover-plan" / "executor_output.json").read_text())
