@@ -32,7 +32,9 @@ def train(
 ) -> dict[str, Any]:
     from dlrover_core.logs import quiet_third_party
     from dlrover_core.runtime.controller import JobMaster
+    from dlrover_core.runtime.progress import Progress
 
+    shown = Progress() if progress else None  # a tqdm bar on a terminal, log records elsewhere
     quiet_third_party()  # node processes inherit the filters: no pynvml warning in their logs
     if spec.strategy != "ps":
         raise InputError(
@@ -54,9 +56,6 @@ def train(
         report["history_run_id"] = None
         report["samples"] = []
         return report
-    from dlrover_core.runtime.progress import Progress
-
-    shown = Progress() if progress else None  # a tqdm bar on a terminal, log records elsewhere
     master = JobMaster(
         spec,
         rd,
