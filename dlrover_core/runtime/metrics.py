@@ -167,8 +167,9 @@ def metric_families(
 
     gens = list(status.get("ps", {}).get("generations", []))
     m = _gauge(
-        "ps_switch_in_progress",
-        "1 while a new PS set is being brought up (workers wait: throughput drops to 0)",
+        "generation_switch_in_progress",
+        "1 while a new generation (a PS set; an all-reduce worker group) is being brought up: "
+        "workers wait, throughput drops to 0",
         [],
     )
     m.add_metric(

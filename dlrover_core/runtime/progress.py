@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from dlrover_core.runtime.state import GEN_ACTIVE, GEN_FREEZING, GEN_RETIRED, GEN_STARTING
 
 log = logging.getLogger("dlrover_rm.progress")
+RANKS_KIND = "ranks"  # the ``kind`` of an all-reduce worker group's generation record
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ def progress_note(status: Mapping[str, Any]) -> str:
     served = any(g.get("state") in (GEN_ACTIVE, GEN_RETIRED) for g in gens)
     if changing and served:  # the job's first PS set starting is no switch
         g = changing[-1]
+        if g.get("kind") == RANKS_KIND:  # an all-reduce job's generations are worker groups
+            return (
+                f"worker group changing to {int(g.get('count', 0))} ranks (re-forming the "
+                "ring): 0 samples/s until the new group trains"
+            )
         what = "checkpointing the old set" if g["state"] == GEN_FREEZING else "starting it"
         return (
             f"PS set changing to {int(g.get('count', 0))} PS ({what}): workers wait, so 0 "

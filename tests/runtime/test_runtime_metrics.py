@@ -118,6 +118,12 @@ def test_metrics_follow_the_shards_of_a_served_master(tmp_path: Path) -> None:
         assert value(s2, "dlrover_rm_node_restarts_total", role="worker", **J) == 1.0
         assert value(s2, "dlrover_rm_shards", state="doing", **J) == 0.0
         assert value(s2, "dlrover_rm_shards", state="todo", **J) == 15.0
+        assert value(s2, "dlrover_rm_generation_switch_in_progress", **J) == 0.0
+        g1 = state.begin_generation(1, [], 0, "active")
+        state.begin_generation(2, ["x"], 0, "starting")  # a PS-set change under way
+        assert value(scrape(url), "dlrover_rm_generation_switch_in_progress", **J) == 1.0
+        state.update_generation(int(g1["id"]) + 1, state="active")
+        assert value(scrape(url), "dlrover_rm_generation_switch_in_progress", **J) == 0.0
 
         while (r := c.get_shard()).shard is not None:
             c.shard_done(r.shard.shard_id, r.shard.rows)

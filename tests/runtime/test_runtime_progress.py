@@ -58,6 +58,16 @@ TRAINING = (node("ps-0", "running"), node("worker-0", "running"))
             status(*TRAINING, node("worker-1", "pending", incarnation=2)),
             "worker-1 restarting (a resize or a relaunch): throughput drops",
         ),
+        (
+            status(
+                *TRAINING,
+                gens=[
+                    {"count": 2, "state": GEN_ACTIVE, "kind": "ranks"},
+                    {"count": 4, "state": GEN_STARTING, "kind": "ranks"},
+                ],
+            ),
+            "worker group changing to 4 ranks (re-forming the ring)",
+        ),
         (status(*TRAINING, node("worker-1", "pending")), "worker-1 starting (scaling out)"),
         (status(TRAINING[0], node("worker-0", "pending"), done=0), "worker-0 starting"),
         (status(node("ps-0", "pending"), done=0), "starting the nodes"),
@@ -71,6 +81,7 @@ TRAINING = (node("ps-0", "running"), node("worker-0", "running"))
         "freezing",
         "starting",
         "restart",
+        "allreduce-group",
         "scale-out",
         "first-worker",
         "boot",
