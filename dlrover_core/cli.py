@@ -89,7 +89,12 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 def cmd_train(a: argparse.Namespace) -> int:
     report = api.train(
-        a.spec, overrides=a.overrides, plan=a.plan, run_dir=a.run_dir, history=a.history
+        a.spec,
+        overrides=a.overrides,
+        plan=a.plan,
+        run_dir=a.run_dir,
+        history=a.history,
+        progress=not a.quiet,
     )
     print(
         f"job {report['job']} {report['state']}: {report['samples_done']:,} samples in "
@@ -273,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", help="run directory (default runs/NAME-TIME); an existing one resumes"
     )
     t.add_argument("--history", help="run history for warm start (JSON export of run records)")
+    t.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress (default: a bar on a terminal, a line every 15 s elsewhere)",
+    )
     t.set_defaults(func=cmd_train)
 
     pf = sub.add_parser("profile", help="short real trials -> samples CSV for the model")

@@ -388,6 +388,12 @@ class PacingSpec(_Strict):
     dead_after_s: float = Field(default=600, gt=0)
     pending_timeout_s: float = Field(default=900, gt=0)
     history_window_s: float = Field(default=7 * 86400, gt=0)
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="the master's Prometheus /metrics port; null: off, 0: any free port",
+    )
 
 
 class BackendSpec(_Strict):

@@ -3,15 +3,16 @@
 from typing import NamedTuple
 
 from kfp import dsl
-from kfp.dsl import Artifact, Dataset, Input, Output
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Output
 
-BASE_IMAGE = "dlrover-rm:0.1.0"
+from components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
 def dlrover_plan(
     spec_yaml: str,
     plan: Output[Artifact],
+    reasons: Output[Markdown],
     samples: Input[Dataset] = None,
     overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
     history: str = "",
@@ -33,6 +34,8 @@ def dlrover_plan(
     Args:
         spec_yaml: The job spec as YAML text.
         plan: Output. The plan as JSON (what `dlrover-rm plan --out` writes).
+        reasons: Output. The plan as Markdown: stage, workers and PS with their sizes, the
+            history it read, and why (the planner's reasons).
         samples: Optional samples CSV from the profile step; without it, a cold-start plan.
         overrides: `path.to.field=value` overrides applied to the spec (as `--set`).
         history: Optional run-history URL for warm start; empty for none.
@@ -49,6 +52,7 @@ def dlrover_plan(
     import yaml
 
     from dlrover_core import api
+    from dlrover_core.runtime.render import plan_markdown
     from dlrover_core.units import format_cpu, format_memory
 
     p = api.plan(
@@ -59,6 +63,8 @@ def dlrover_plan(
     )
     with open(plan.path, "w") as f:
         json.dump(p, f, indent=2)
+    with open(reasons.path, "w", encoding="utf-8") as f:
+        f.write(plan_markdown(p))
     outputs = namedtuple(
         "PlanOutputs",
         "workers worker_cpu worker_memory ps ps_cpu ps_memory train_cpu train_memory",

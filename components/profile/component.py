@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-BASE_IMAGE = "dlrover-rm:0.1.0"
+from components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)

@@ -1,9 +1,9 @@
 """KFP component: train a DLRM job elastically (a shell over dlrover_core.api)."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
-BASE_IMAGE = "dlrover-rm:0.1.0"
+from components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
@@ -13,6 +13,8 @@ def dlrover_train(
     metrics: Output[Metrics],
     run: Output[Artifact],
     model: Output[Model],
+    summary: Output[Markdown],
+    dashboard: Output[HTML],
     overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
     history: str = "",
     dataset: Input[Dataset] = None,
@@ -29,6 +31,9 @@ def dlrover_train(
             weights_only=True; model_card.json); its metadata holds the held-out AUC and
             logloss, the feature keys and table sizes. Load it with
             dlrover_core.training.load_exported(model.path).
+        summary: Output. The report as Markdown: the outcome and figures, every plan (stage,
+            size) with its reasons, the faults, the data counts.
+        dashboard: Output. One HTML page: the same figures with report.png embedded.
         overrides: `path.to.field=value` overrides applied to the spec (as `--set`).
         history: Optional run-history URL; empty for none.
         dataset: Optional training data from an upstream step (a Criteo TSV or Parquet file
@@ -39,13 +44,21 @@ def dlrover_train(
         The job's final state ("succeeded"); a job that did not succeed fails the task.
     """
     import json
+    import logging
     from pathlib import Path
 
     import yaml
 
     from dlrover_core import api, logs
 
-    logs.setup("info")  # the master's launch/plan/export lines reach the pod log
+    root = logging.getLogger()
+    if root.handlers:  # the KFP executor's own handler: keep it (one line a record), redacted
+        logs.quiet_third_party()
+        for h in root.handlers:
+            h.addFilter(logs.RedactingFilter())
+        root.setLevel(logging.INFO)
+    else:
+        logs.setup("info")  # the master's launch/plan/progress/export lines reach the pod log
 
     spec = yaml.safe_load(spec_yaml)
     if dataset is not None:
@@ -60,9 +73,14 @@ def dlrover_train(
         plan=plan.path,
         run_dir=run.path,
         history=history or None,
-        progress=False,
+        progress=True,  # not a terminal: one progress record every 15 s in the pod log
         model_dir=model.path,
     )
+    from dlrover_core.runtime.render import report_html, report_markdown
+
+    Path(summary.path).write_text(report_markdown(report), encoding="utf-8")
+    png = Path(run.path) / "report.png"
+    Path(dashboard.path).write_text(report_html(report, png), encoding="utf-8")
     for key in (
         "auc",
         "throughput_sps",

@@ -2,9 +2,11 @@
 
 The embedded default is a SQLite file (``~/.dlrover-rm/history.db``, or ``$DLROVER_RM_HISTORY``),
 opened in WAL mode with a busy timeout so several processes can write to it at once; any other
-SQLAlchemy URL works too (PostgreSQL through psycopg2). Tables are created on first use. A store
-that cannot be reached raises :class:`StoreUnavailableError`; callers that plan fall back to a
-cold start on it.
+SQLAlchemy URL works too (PostgreSQL through psycopg2). The schema is kept by Alembic
+(:mod:`dlrover_core.history.migrations`): opening a store brings its database to the head
+revision, creating the tables in a fresh one and stamping one made before migrations existed
+(its tables, no version row) at the baseline first. A store that cannot be reached raises
+:class:`StoreUnavailableError`; callers that plan fall back to a cold start on it.
 """
 
 from __future__ import annotations
@@ -25,10 +27,15 @@ ENV_VAR = "DLROVER_RM_HISTORY"
 DEFAULT_URL = "sqlite:///~/.dlrover-rm/history.db"
 SQLITE_BUSY_TIMEOUT_S = 30.0
 
-_metadata = sa.MetaData()
+RUNS_TABLE = "dlrover_runs"
+VERSION_TABLE = "dlrover_rm_alembic_version"  # not alembic_version: the database may be shared
+BASELINE = "0001_baseline"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+metadata = sa.MetaData()
 runs_table = sa.Table(
-    "dlrover_runs",
-    _metadata,
+    RUNS_TABLE,
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("signature", sa.String(512), nullable=False, index=True),
     sa.Column("job", sa.String(256), nullable=False),
@@ -131,6 +138,63 @@ def _sample_from_dict(d: Any) -> Sample | None:
         return None
 
 
+def _alembic_config(connection: sa.Connection | None = None) -> Any:
+    """Alembic's configuration for the history migrations, in code (no ini file needed)."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("path_separator", "os")  # a path may hold spaces
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def schema_revision(connection: sa.Connection) -> str | None:
+    """The database's revision (``None``: never migrated, fresh or made before migrations)."""
+    from alembic.runtime.migration import MigrationContext
+
+    ctx = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    heads = ctx.get_current_heads()
+    return heads[0] if heads else None
+
+
+def head_revision() -> str:
+    """The newest revision of the history schema."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"the history migrations in {MIGRATIONS} have no head revision")
+    return head
+
+
+def migrate(engine: sa.Engine, attempts: int = 5) -> str:
+    """Bring the database to the head revision; returns it. A database with the runs table
+    but no version row (made before migrations existed) is stamped at the baseline first.
+    Several processes may open one fresh database at once: the loser of a race (a CREATE or
+    a version row that the other wrote first) checks again."""
+    from alembic import command
+
+    head = head_revision()
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as con:
+                current = schema_revision(con)
+                if current == head:
+                    return head
+                cfg = _alembic_config(con)
+                if current is None and sa.inspect(con).has_table(RUNS_TABLE):
+                    command.stamp(cfg, BASELINE)
+                command.upgrade(cfg, "head")
+            return head
+        except (sa_exc.OperationalError, sa_exc.ProgrammingError, sa_exc.IntegrityError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    return head
+
+
 class HistoryStore:
     """Run history in a SQL database. Thread- and process-safe for writers."""
 
@@ -182,25 +246,12 @@ class HistoryStore:
                 cur.close()
 
         try:
-            self._create_tables(engine)
+            migrate(engine)
         except sa_exc.SQLAlchemyError as e:
             engine.dispose()
             raise self._unavailable(e) from None
         self._engine = engine
         return engine
-
-    @staticmethod
-    def _create_tables(engine: sa.Engine) -> None:
-        for attempt in range(3):
-            try:
-                _metadata.create_all(engine, checkfirst=True)
-                return
-            except (sa_exc.OperationalError, sa_exc.ProgrammingError, sa_exc.IntegrityError):
-                # another process may have created them between our check and our CREATE:
-                # check again (a real failure repeats and is raised)
-                if attempt == 2:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
 
     # --- writes --------------------------------------------------------------------------
     def record_run(

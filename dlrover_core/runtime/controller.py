@@ -190,6 +190,7 @@ class JobMaster:
         self.token = ""
         self.address = ""
         self._server: Any = None
+        self._metrics: Any = None  # the /metrics endpoint (pacing.metrics_port)
         self._reserve = DiskReserve(self.run_dir)
         self._switch: _Switch | None = None
         self._config_since = 0.0
@@ -275,6 +276,10 @@ class JobMaster:
         self.address = f"{advertise}:{bound}"
         atomic_write_json(addr, {"address": self.address})
         log.info("master %s serving on %s", self.state.master_id, self.address)
+        from dlrover_core.runtime.metrics import start_master_metrics
+
+        port_m = self.spec.pacing.metrics_port
+        self._metrics = start_master_metrics(self.state, port_m, bind, advertise, self.spec.name)
 
     # --- node commands -----------------------------------------------------------------------
     def _ps_dir(self, gen: int, index: int) -> Path:
@@ -1124,6 +1129,8 @@ class JobMaster:
                 st.close()
         if self._server is not None:
             self._server.stop(grace=1.0)
+        if self._metrics is not None:
+            self._metrics.stop()
         self._reserve.release()
         if self.switch_downtimes_s:
             report["ps_switch_s"] = list(self.switch_downtimes_s)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,41 +20,6 @@ def default_run_dir(spec: JobSpec) -> Path:
     return Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-class ProgressPrinter:
-    """One status line: samples, samples/s, nodes, the current plan."""
-
-    def __init__(self, every_s: float = 1.0, stream: Any = None) -> None:
-        self.every_s = every_s
-        self.stream = stream or sys.stderr
-        self._last = 0.0
-        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def __call__(self, master: Any) -> None:
-        now = time.monotonic()
-        if now - self._last < (self.every_s if self._tty else 5 * self.every_s):
-            return
-        self._last = now
-        st = master.state
-        q = st.shards
-        done, total = q.samples_done, max(1, q.samples_total)
-        width = 24
-        fill = int(width * done / total)
-        plan = master.plan
-        obs = master.observations[-1] if master.observations else None
-        tput = obs.throughput_sps if obs else 0.0
-        nw = sum(1 for n in master.nodes.values() if n.role is Role.WORKER and n.handle)
-        nps = sum(1 for n in master.nodes.values() if n.role is Role.PS and n.handle)
-        line = (
-            f"[{'#' * fill}{'.' * (width - fill)}] {done:,}/{total:,} samples  "
-            f"{tput:,.0f}/s  workers {nw} ps {nps}  plan: {plan.stage.value if plan else '-'}"
-        )
-        if self._tty:
-            self.stream.write("\r" + line[:150].ljust(150))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-
 def train(
     spec: JobSpec,
     *,
@@ -68,7 +32,9 @@ def train(
 ) -> dict[str, Any]:
     from dlrover_core.logs import quiet_third_party
     from dlrover_core.runtime.controller import JobMaster
+    from dlrover_core.runtime.progress import Progress
 
+    shown = Progress() if progress else None  # a tqdm bar on a terminal, log records elsewhere
     quiet_third_party()  # node processes inherit the filters: no pynvml warning in their logs
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
     backend, extra = _backend(spec)
@@ -97,11 +63,16 @@ def train(
         **extra,
         plan=plan,
         history=history or [],
-        on_tick=ProgressPrinter() if progress else None,
+        on_tick=shown,
     )
-    report = master.run()
-    if progress:
-        sys.stderr.write("\n")
+    try:
+        report = master.run()
+    except BaseException:
+        if shown is not None:
+            shown.close()
+        raise
+    if shown is not None:
+        shown.close(report)
     report["run_dir"] = str(rd)
     report["samples"] = [dataclasses.asdict(s) for s in master.samples]
     report["history_run_id"] = None

@@ -164,37 +164,94 @@ def failed_report(
     return report
 
 
+def done_rate(timeline: list[dict[str, Any]], window_s: float = 10.0) -> list[float]:
+    """Samples/s of shards counted done, over the last ``window_s`` before each timeline point
+    (moves with every shard, where the workers' own reports come every heartbeat)."""
+    out: list[float] = []
+    j = 0
+    for i, r in enumerate(timeline):
+        while j < i and r["t"] - timeline[j]["t"] > window_s:
+            j += 1
+        dt = r["t"] - timeline[j]["t"]
+        dn = r.get("samples_done", 0) - timeline[j].get("samples_done", 0)
+        out.append(max(0.0, dn / dt) if dt > 0 else 0.0)
+    return out
+
+
 def plot_report(run_dir: Path, timeline: list[dict[str, Any]], report: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
     t0 = timeline[0]["t"] if timeline else 0.0
     t = [r["t"] - t0 for r in timeline]
-    axes[0].plot(t, [r["throughput_sps"] for r in timeline], color="tab:blue")
-    axes[0].set_ylabel("samples/s")
-    axes[0].set_title(
-        f"{report['job']}: {report['state']}, AUC {report['auc'] or float('nan'):.3f}"
+    auc = report.get("auc")
+    title = f"{report['job']}: {report['state']}" + (
+        f", AUC {auc:.3f}" if isinstance(auc, (int, float)) else ", no AUC"
     )
+    axes[0].plot(t, done_rate(timeline), color="tab:blue", label="from shards done (10 s window)")
+    axes[0].plot(
+        t,
+        [r["throughput_sps"] for r in timeline],
+        color="tab:cyan",
+        linestyle=":",
+        label="workers' reports (every heartbeat)",
+    )
+    axes[0].set_ylabel("samples/s")
+    axes[0].set_title(title)
     axes[1].plot(t, [r["alloc_cpu_m"] / 1000 for r in timeline], label="allocated")
     axes[1].plot(t, [r["used_cpu_m"] / 1000 for r in timeline], label="used")
     axes[1].set_ylabel("CPU (cores)")
-    axes[1].legend(loc="upper right")
     axes[2].plot(t, [r["alloc_mem_mib"] / 1024 for r in timeline], label="allocated")
     axes[2].plot(t, [r["used_mem_mib"] / 1024 for r in timeline], label="used")
     axes[2].set_ylabel("memory (GiB)")
-    axes[2].set_xlabel("time (s)")
-    axes[2].legend(loc="upper right")
+    axes[2].set_xlabel("time since the master started (s)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
     for p in report["plans"]:
         if p.get("time_s") is None:
             continue
         for ax in axes:
-            ax.axvline(p["time_s"] - t0, color="tab:green", alpha=0.4, linestyle="--")
+            ax.axvline(p["time_s"] - t0, color="tab:green", alpha=0.5, linestyle="--")
+        axes[0].annotate(
+            str(p.get("stage", "")),
+            (p["time_s"] - t0, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -3),
+            textcoords="offset points",
+            rotation=90,
+            va="top",
+            ha="left",
+            fontsize=8,
+            color="tab:green",
+        )
     for f in report["faults"]:
         for ax in axes:
             ax.axvline(f["time_s"] - t0, color="tab:red", alpha=0.6)
+        axes[1].annotate(
+            f"{f.get('node', '')} {f.get('exit_class', '')}".strip(),
+            (f["time_s"] - t0, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -3),
+            textcoords="offset points",
+            rotation=90,
+            va="top",
+            ha="left",
+            fontsize=8,
+            color="tab:red",
+        )
+    from matplotlib.lines import Line2D
+
+    marks = [
+        Line2D([], [], color="tab:green", linestyle="--", label="new plan"),
+        Line2D([], [], color="tab:red", label="fault"),
+    ]
+    for i, ax in enumerate(axes):
+        handles, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=handles + (marks if i == 0 else []), loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(run_dir / "report.png", dpi=80)
     plt.close(fig)

@@ -46,8 +46,13 @@ def test_train_resources_are_placeholders_bound_to_the_plan_outputs() -> None:
 
 
 @pytest.mark.slow
-def test_pipeline_runs_end_to_end_locally(tmp_path: Path) -> None:
+def test_pipeline_runs_end_to_end_locally(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     pipeline.run_local(pipeline_root=str(tmp_path))  # kfp.local raises if a task fails
+    # the train task's log has progress records, once each (through the KFP executor's handler)
+    log = capfd.readouterr()
+    lines = [ln for ln in (log.out + log.err).splitlines() if "progress: 0/" in ln]
+    assert lines and len(lines) == len(set(lines)), lines
+    assert not [ln for ln in lines if "dlrover_rm.progress:" in ln], "logged twice"
     (run,) = tmp_path.iterdir()
     assert (run / "dlrover-profile" / "samples").read_text().strip()
     plan_out = json.loads((run / "dlrover-plan" / "executor_output.json").read_text())
@@ -78,3 +83,15 @@ def test_pipeline_runs_end_to_end_locally(tmp_path: Path) -> None:
     assert abs(auc(held.labels, logits) - report["auc"]) < 0.005
     (model_art,) = train_out["artifacts"]["model"]["artifacts"]
     assert model_art["metadata"]["framework"] == "torch"
+    # the rich outputs the KFP UI shows: the plan's reasons, the report, report.png
+    reasons = (run / "dlrover-plan" / "reasons").read_text()
+    assert reasons.startswith("# Plan for small: ") and "### Why" in reasons
+    assert all(" ".join(r.split()) in reasons for r in plan["reasons"])
+    summary = (run / "dlrover-train" / "summary").read_text()
+    assert summary.startswith("# small: succeeded") and "## Plans (stages)" in summary
+    dashboard = (run / "dlrover-train" / "dashboard").read_text()
+    assert "data:image/png;base64," in dashboard
+    for name, key in (("dlrover-plan", "reasons"), ("dlrover-train", "summary")):
+        out = json.loads((run / name / "executor_output.json").read_text())
+        (art,) = out["artifacts"][key]["artifacts"]
+        assert art["uri"].endswith(f"/{name}/{key}")

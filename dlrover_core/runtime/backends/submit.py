@@ -102,6 +102,7 @@ class MasterConfig:
     ttl_after_finished_s: int = 7 * 86400
     pvc_size: str = "20Gi"
     storage_class: str | None = None
+    metrics_port: int | None = None  # pacing.metrics_port: scraped through prometheus.io/*
 
     @classmethod
     def from_spec(cls, spec: Any, spec_yaml: str, **overrides: Any) -> MasterConfig:
@@ -120,8 +121,14 @@ class MasterConfig:
             "state_url": b.state_url,
             "state_mount_path": b.state_mount_path,
             "image_pull_policy": b.image_pull_policy,
+            "metrics_port": spec.pacing.metrics_port,
         }
         kw.update(overrides)
+        if kw["metrics_port"] == 0:
+            raise InputError(
+                "pacing.metrics_port is 0 (any free port): on Kubernetes a scraper must know "
+                "the port; set a fixed one (e.g. 9100), or null for no metrics"
+            )
         return cls(**kw)
 
     @property
@@ -152,6 +159,28 @@ class MasterConfig:
 
 def _meta(cfg: MasterConfig, name: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "namespace": cfg.namespace, "labels": cfg.labels(), **extra}
+
+
+def _scrape_annotations(cfg: MasterConfig) -> dict[str, Any]:
+    """``prometheus.io/*`` annotations (the convention Prometheus' example Kubernetes
+    configuration and most charts relabel on) when the master serves metrics."""
+    if not cfg.metrics_port:
+        return {}
+    return {
+        "annotations": {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(cfg.metrics_port),
+            "prometheus.io/path": "/metrics",
+        }
+    }
+
+
+def _metrics_port(cfg: MasterConfig, container: bool) -> list[dict[str, Any]]:
+    if not cfg.metrics_port:
+        return []
+    if container:
+        return [{"name": "metrics", "containerPort": cfg.metrics_port}]
+    return [{"name": "metrics", "port": cfg.metrics_port, "targetPort": cfg.metrics_port}]
 
 
 def state_pvc(cfg: MasterConfig) -> dict[str, Any] | None:
@@ -198,18 +227,25 @@ def master_service(cfg: MasterConfig) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(cfg, cfg.master_name),
+        "metadata": _meta(cfg, cfg.master_name, **_scrape_annotations(cfg)),
         "spec": {
             "selector": cfg.labels(),
-            "ports": [{"name": "grpc", "port": cfg.port, "targetPort": cfg.port}],
+            "ports": [
+                {"name": "grpc", "port": cfg.port, "targetPort": cfg.port},
+                *_metrics_port(cfg, container=False),
+            ],
             "publishNotReadyAddresses": True,  # nodes may register before readiness
         },
     }
 
 
 def job_network_policy(cfg: MasterConfig) -> dict[str, Any]:
-    """Only the job's own pods (master and nodes) may connect to the job's pods."""
+    """Only the job's own pods (master and nodes) may connect to the job's pods; the metrics
+    port (when the master serves one) is open to any scraper (it is read-only, no secrets)."""
     job_pods = {"matchLabels": {LABEL_APP: APP, LABEL_JOB: cfg.job_name}}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pods}]}]
+    if cfg.metrics_port:
+        ingress.append({"ports": [{"protocol": "TCP", "port": cfg.metrics_port}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -217,7 +253,7 @@ def job_network_policy(cfg: MasterConfig) -> dict[str, Any]:
         "spec": {
             "podSelector": job_pods,
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": job_pods}]}],
+            "ingress": ingress,
         },
     }
 
@@ -274,7 +310,7 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
             run_dir,
         ],
         "env": env,
-        "ports": [{"name": "grpc", "containerPort": cfg.port}],
+        "ports": [{"name": "grpc", "containerPort": cfg.port}, *_metrics_port(cfg, container=True)],
         "resources": {"requests": quantities, "limits": dict(quantities)},
         "volumeMounts": mounts,
         "securityContext": {
@@ -290,7 +326,7 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
             "backoffLimit": cfg.backoff_limit,
             "ttlSecondsAfterFinished": cfg.ttl_after_finished_s,
             "template": {
-                "metadata": {"labels": cfg.labels()},
+                "metadata": {"labels": cfg.labels(), **_scrape_annotations(cfg)},
                 "spec": {
                     "serviceAccountName": cfg.service_account,
                     "restartPolicy": "Never",
