@@ -26,7 +26,10 @@ What it does:
    computes (prefetch + background push): a step then sees the PS state without the updates of
    its last ``staleness`` steps (default 1; 0: no overlap, still one round trip a step). The PS
    applies ``training.optimizer`` (Adagrad, Adam, SGD: torch's rules) with its ``lr``; rows and
-   gradients travel in ``training.transfer`` precision (fp32, bf16, fp16). Before a shard is
+   gradients travel in ``training.transfer`` precision (fp32, bf16, fp16). Dense gradients go
+   with the version of the dense values they were computed on (``dense_read``); the PS applies
+   one computed τ > 1 updates ago with lr/τ (other workers' pushes count too: two workers at
+   staleness 1 lag about 3 updates). Before a shard is
    reported done, :meth:`Worker._flush` drains every exchange in flight and pushes the last
    step's gradients (a push that failed is kept and retried, never dropped), so the shard's
    updates are on the PS when the master counts it.
