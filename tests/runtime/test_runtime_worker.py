@@ -247,6 +247,9 @@ def test_pipelined_steps_train_exactly_once_with_one_round_trip_a_step(
             training__optimizer={"name": optimizer, "lr": lr},
         )
     )
+    # a fixed tower init: one worker's run is deterministic, so the AUC bound below cannot
+    # flake on an unlucky init (an unseeded run gave 0.62-0.68 for staleness 2, once < 0.57)
+    torch.manual_seed(0)
     w = job.worker()
     assert w.run() == EXIT_OK
     assert_all_done_once(job)
