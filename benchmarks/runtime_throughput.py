@@ -1,8 +1,9 @@
 """Throughput of the PS runtime against a single-process torchrec DLRM, same run, same cores.
 
-    python benchmarks/runtime_throughput.py [--rows 400000] [--repeats 1] [--scaling]
-        [--accuracy [--accuracy-rows 800000 --accuracy-runs 3]] [--set training.transfer=bf16]
-        [--json OUT]
+    python benchmarks/runtime_throughput.py [--rows 400000] [--repeats 1]
+        [--scaling [--scaling-repeats 1]]
+        [--accuracy [--accuracy-rows 800000 --accuracy-runs 3 --accuracy-workers 1]]
+        [--delay-sim S [--delay-seeds 0,1,2,3]] [--set training.transfer=bf16] [--json OUT]
 
 Runtime: `dlrover-rm train` of pipelines/specs/small.yaml with a fixed plan of 1 PS + 1 worker
 (real processes, gRPC, one core each), throughput = the master's steady windows (and end to
@@ -14,7 +15,11 @@ whose load changes meanwhile shows up as spread instead of as a biased ratio.
 Also printed: where a worker step goes (benchmarks/ps_step.py: 1 PS + 1 in-process worker);
 ``--scaling``: 2 workers + 1 PS against 1 worker + 1 PS on the same total cores (throughput in
 total and per worker); ``--accuracy``: held-out AUC of the runtime and of the single-process
-model trained on the same rows (one epoch), ``--accuracy-runs`` each, with their spread.
+model trained on the same rows (one epoch), ``--accuracy-runs`` each, with their spread
+(``--accuracy-workers 2``: the runtime with 2 workers); ``--delay-sim S``: the same model and rows
+in one process with torch's Adagrad, each step computed on parameters lacking the last
+``min(k, S)`` updates of its shard, as the worker pipeline does with ``training.staleness=S``,
+with and without the PS's lr/τ for stale dense gradients (held-out AUC per seed).
 """
 
 from __future__ import annotations
@@ -132,6 +137,100 @@ def baseline_run(
     return {"sps": done / wall, "wall_s": wall, "auc": auc}
 
 
+def delayed_run(
+    rows: int, staleness: int, seed: int, scale_dense: bool, extra: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """Delayed-update Adagrad in one process (torch), the worker pipeline's staleness rule:
+    step k of a shard computes on parameters lacking this shard's last ``min(k, staleness)``
+    updates; a shard ends with all of them applied. ``scale_dense``: a dense gradient τ > 1
+    updates old gets lr/τ, as the PS applies it. Same model, init (the PS's row init, the
+    worker's tower from ``seed``), rows and optimizer as the runtime; returns held-out AUC."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from dlrover_core.runtime.strategies.ps.server import init_rows
+    from dlrover_core.runtime.strategies.ps.worker import embedding_ids, table_rows
+    from dlrover_core.spec import load_spec
+    from dlrover_core.training.data import from_spec
+    from dlrover_core.training.model import DenseTower, evaluate, feature_keys
+
+    spec = load_spec(str(SMALL), [f"data.rows={rows}", *extra])
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    tower = DenseTower(spec.model)
+    reader = DenseTower(spec.model)
+    reader.load_state_dict(tower.state_dict())
+    names, trows, dim = feature_keys(spec.model), table_rows(spec), spec.model.embedding_dim
+    src = from_spec(spec)
+    held_out = src.eval_rows(spec.data.eval_rows)
+    ids = [src.rows(0, rows).sparse, held_out.sparse]
+    keys = [
+        np.unique(np.concatenate([embedding_ids(a, trows)[f] for a in ids]))
+        for f in range(len(names))
+    ]
+    tables = [
+        torch.nn.Parameter(torch.from_numpy(init_rows(n, k, dim)))
+        for n, k in zip(names, keys, strict=True)
+    ]
+    seen = [t.detach().clone() for t in tables]
+    lr = spec.training.optimizer.lr
+    opt = torch.optim.Adagrad([{"params": tables}, {"params": list(tower.parameters())}], lr=lr)
+
+    def index(sparse: Any) -> list[torch.Tensor]:
+        cols = embedding_ids(sparse, trows)
+        return [torch.from_numpy(np.searchsorted(keys[f], c)) for f, c in enumerate(cols)]
+
+    def catch_up(d: Any) -> None:
+        with torch.no_grad():
+            for f, (i, x) in enumerate(d[0]):
+                seen[f][i] += x
+            for p, x in zip(reader.parameters(), d[1], strict=True):
+                p += x
+
+    t0 = time.perf_counter()
+    for start in range(0, rows, spec.shard_size):
+        delayed: list[Any] = []
+        for part in src.rows(start, min(rows, start + spec.shard_size)).split(
+            spec.training.batch_size
+        ):
+            idx = index(part.sparse)
+            leaves = [seen[f][i].clone().requires_grad_(True) for f, i in enumerate(idx)]
+            reader.zero_grad(set_to_none=True)
+            logits = reader(torch.from_numpy(part.dense), torch.stack(leaves, 1))
+            F.binary_cross_entropy_with_logits(logits, torch.from_numpy(part.labels)).backward()
+            for f, t in enumerate(tables):
+                t.grad = torch.sparse_coo_tensor(idx[f][None], leaves[f].grad, t.shape)
+            for p, q in zip(tower.parameters(), reader.parameters(), strict=True):
+                p.grad = q.grad
+            tau = len(delayed)
+            opt.param_groups[1]["lr"] = lr / tau if scale_dense and tau > 1 else lr
+            with torch.no_grad():
+                touched = [torch.unique(i) for i in idx]
+                before = [t[i].clone() for t, i in zip(tables, touched, strict=True)]
+                dense_before = [p.detach().clone() for p in tower.parameters()]
+                opt.step()
+                delayed.append(
+                    (
+                        [(i, t[i] - b) for t, i, b in zip(tables, touched, before, strict=True)],
+                        [
+                            p.detach() - b
+                            for p, b in zip(tower.parameters(), dense_before, strict=True)
+                        ],
+                    )
+                )
+            while len(delayed) > staleness:
+                catch_up(delayed.pop(0))
+        for d in delayed:  # the shard's flush
+            catch_up(d)
+
+    def lookup(sparse: Any) -> torch.Tensor:
+        return torch.stack([tables[f].detach()[i] for f, i in enumerate(index(sparse))], 1)
+
+    auc, _ = evaluate(tower, lookup, held_out)
+    return {"auc": auc, "wall_s": time.perf_counter() - t0}
+
+
 def _spread(xs: list[float]) -> dict[str, float]:
     return {
         "mean": statistics.fmean(xs),
@@ -155,6 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--accuracy-rows", type=int, default=800_000)
     ap.add_argument("--accuracy-runs", type=int, default=3)
+    ap.add_argument("--accuracy-workers", type=int, default=1, help="workers of the runtime")
+    ap.add_argument("--scaling-repeats", type=int, default=1)
+    ap.add_argument(
+        "--delay-sim",
+        type=int,
+        default=None,
+        metavar="S",
+        help="one-process delayed-update Adagrad with staleness S (see the module docstring)",
+    )
+    ap.add_argument("--delay-seeds", default="0,1,2,3")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument(
         "--baseline-threads",
@@ -199,24 +308,49 @@ def main(argv: list[str] | None = None) -> int:
                 + format_breakdown(bd)
             )
         if a.scaling:
-            one = runtime_run(a.rows, work, 1, extra)
-            two = runtime_run(a.rows, work, 2, extra)
-            out["scaling"] = {"1w": one, "2w": two}
-            for k, r in (("1 worker ", one), ("2 workers", two)):
-                n = 1 if k.startswith("1") else 2
-                print(
-                    f"scaling, 1 PS + {k}: {r['steady_sps']:9,.0f} samples/s steady "
-                    f"({r['steady_sps'] / n:,.0f} per worker), AUC {r['auc']:.3f}"
-                )
-            q = two["steady_sps"] / one["steady_sps"]
-            print(f"scaling ratio 2w/1w on the same cores: {q:.2f}")
+            ones, twos = [], []
+            for _ in range(a.scaling_repeats):
+                ones.append(runtime_run(a.rows, work, 1, extra))
+                twos.append(runtime_run(a.rows, work, 2, extra))
+            one, two = ones[0], twos[0]
+            qs = [t["steady_sps"] / o["steady_sps"] for o, t in zip(ones, twos, strict=True)]
+            out["scaling"] = {
+                "1w": one,
+                "2w": two,
+                "runs": {"1w": ones, "2w": twos},
+                "ratio": _spread(qs),
+                "auc": {
+                    "1w": _spread([r["auc"] for r in ones]),
+                    "2w": _spread([r["auc"] for r in twos]),
+                },
+            }
+            for o, t, q in zip(ones, twos, qs, strict=True):
+                for k, r, n in (("1 worker ", o, 1), ("2 workers", t, 2)):
+                    print(
+                        f"scaling, 1 PS + {k}: {r['steady_sps']:9,.0f} samples/s steady "
+                        f"({r['steady_sps'] / n:,.0f} per worker), AUC {r['auc']:.3f}"
+                    )
+                print(f"scaling ratio 2w/1w on the same cores: {q:.2f}")
+        if a.delay_sim is not None:
+            seeds = [int(x) for x in a.delay_seeds.split(",") if x]
+            sim: dict[str, list[float]] = {"unscaled": [], "lr_over_tau": []}
+            for seed in seeds:
+                for key, scale in (("unscaled", False), ("lr_over_tau", True)):
+                    r = delayed_run(a.rows, a.delay_sim, seed, scale, extra)
+                    sim[key].append(r["auc"])
+                    print(
+                        f"delayed Adagrad in one process, staleness {a.delay_sim}, seed {seed}, "
+                        f"dense lr {'/ tau' if scale else 'unscaled'}: AUC {r['auc']:.4f}"
+                    )
+            out["delay_sim"] = {"staleness": a.delay_sim, "seeds": seeds, "auc": sim}
         if a.accuracy:
             rt_auc, base_auc = [], []
             for _ in range(a.accuracy_runs):
-                rt_auc.append(runtime_run(a.accuracy_rows, work, 1, extra)["auc"])
+                rt_auc.append(runtime_run(a.accuracy_rows, work, a.accuracy_workers, extra)["auc"])
                 base_auc.append(baseline_run(a.accuracy_rows, extra, a.baseline_threads)["auc"])
             out["accuracy"] = {
                 "rows": a.accuracy_rows,
+                "workers": a.accuracy_workers,
                 "runtime_auc": _spread(rt_auc),
                 "baseline_auc": _spread(base_auc),
                 "runs": {"runtime": rt_auc, "baseline": base_auc},
@@ -224,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             ra, ba = out["accuracy"]["runtime_auc"], out["accuracy"]["baseline_auc"]
             print(
                 f"held-out AUC, {a.accuracy_rows:,} rows, one epoch, {a.accuracy_runs} runs each: "
-                f"runtime {ra['mean']:.4f} ({ra['min']:.4f}-{ra['max']:.4f}), "
+                f"runtime ({a.accuracy_workers} worker(s)) {ra['mean']:.4f} "
+                f"({ra['min']:.4f}-{ra['max']:.4f}), "
                 f"single process {ba['mean']:.4f} ({ba['min']:.4f}-{ba['max']:.4f}), "
                 f"difference {ra['mean'] - ba['mean']:+.4f} (bound 0.01)"
             )

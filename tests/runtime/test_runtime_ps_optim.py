@@ -258,3 +258,76 @@ def test_a_step_planned_for_one_ps_is_rerouted_after_the_set_grew_to_two() -> No
     finally:
         for s in servers:
             s.stop(0)
+
+
+# --- stale dense gradients -----------------------------------------------------------------
+
+
+def test_dense_gradients_from_two_readers_both_land_and_a_stale_one_gets_lr_over_tau() -> None:
+    """Two workers read the dense parameters at the same version and push in turn: every push
+    lands (one update each, the version counts them), one computed on values 0 or 1 updates
+    old is applied exactly as torch's Adagrad would, one τ = 2 or 3 updates old with lr/τ,
+    and a read from another shard (a relaunched PS) or none at all is applied unscaled."""
+    rng = np.random.default_rng(7)
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    shard = PSShard()
+    shard.init_dense({"w": w0})
+    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    opt = torch.optim.Adagrad([p], lr=LR)
+    read = shard.dense_version  # both workers read here
+    foreign = (read[0] ^ 1, read[1])
+    # (what the push says it read, the lr torch must use for it)
+    pushes = [(read, LR), (read, LR), (read, LR / 2), (read, LR / 3), (foreign, LR), (None, LR)]
+    for seen, lr in pushes:
+        g = rng.standard_normal((3, 2)).astype(np.float32)
+        shard.push_dense({"w": g}, lr=LR, dense_read=seen)
+        opt.param_groups[0]["lr"] = lr
+        p.grad = torch.from_numpy(g)
+        opt.step()
+        np.testing.assert_allclose(shard.pull_dense()["w"], p.detach().numpy(), atol=ATOL)
+    st = shard.stats()
+    assert st["dense_version"] == len(pushes)  # nothing lost, nothing applied twice
+    assert st["dense_read_pushes"] == 4 and st["dense_stale_pushes"] == 2
+    assert st["dense_staleness_max"] == 3 and st["dense_staleness_mean"] == pytest.approx(1.5)
+
+
+def test_the_step_rpc_returns_the_dense_version_and_scales_a_stale_push() -> None:
+    """Through gRPC: two clients read the dense parameters (PullDense and Step both say which
+    version), then both push gradients computed on that read: the first is one update fresh
+    (τ = 0), the second τ = 1, both applied with the full lr; a third client's push of a
+    read two updates back is applied with lr/2."""
+    token = "tok"
+    srv = PSServer(PSShard(), token)
+    srv.start()
+    try:
+        tables = {"a": DIM}
+        w0 = np.ones(4, np.float32)
+        with (
+            PSClient([srv.address], token, tables) as c1,
+            PSClient([srv.address], token, tables) as c2,
+            PSClient([srv.address], token, tables) as c3,
+        ):
+            c1.init_dense({"w": w0})
+            c1.pull_dense()
+            c2.pull_dense()
+            c3.pull_dense()
+            assert c1.dense_versions == c2.dense_versions == {0: srv.shard.dense_version}
+            ex = Exchange(want_dense=True)
+            c2.exchange(ex, {"lr": LR})
+            assert ex.dense_versions == c1.dense_versions
+            p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+            opt = torch.optim.Adagrad([p], lr=LR)
+            for client, g, lr in ((c1, 1.0, LR), (c2, -2.0, LR), (c3, 0.5, LR / 2)):
+                grad = np.full(4, g, np.float32)
+                client.exchange(
+                    Exchange(dense_grads={"w": grad}, dense_read=client.dense_versions),
+                    {"lr": LR},
+                )
+                opt.param_groups[0]["lr"] = lr
+                p.grad = torch.from_numpy(grad)
+                opt.step()
+            np.testing.assert_allclose(c1.pull_dense()["w"], p.detach().numpy(), atol=ATOL)
+            st = srv.shard.stats()
+            assert st["dense_version"] == 3 and st["dense_stale_pushes"] == 1
+    finally:
+        srv.stop(0)

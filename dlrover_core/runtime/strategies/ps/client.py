@@ -107,6 +107,8 @@ class PSClient:
         self._clients: list[wire.Client] = []
         self._pool: ThreadPoolExecutor | None = None
         self._dense_names: list[str] | None = None
+        # per PS: the version (token, updates) of the dense values the last pull_dense read
+        self.dense_versions: dict[int, tuple[int, int]] = {}
         self._pusher: ThreadPoolExecutor | None = None
         self._salts: dict[tuple[str, ...], npt.NDArray[np.uint64]] = {}
         self.switch(addresses)
@@ -349,16 +351,35 @@ class PSClient:
         return sorted(n for m in res.values() for n in m["created"])
 
     def pull_dense(self) -> dict[str, F32]:
-        """Every dense parameter, from every PS (also teaches this client their names)."""
+        """Every dense parameter, from every PS (also teaches this client their names);
+        :attr:`dense_versions` says which version of each PS's values this read."""
         out: dict[str, F32] = {}
-        for m in self._all("PullDense"):
+        versions: dict[int, tuple[int, int]] = {}
+        for p, m in enumerate(self._all("PullDense")):
             out.update(m.arrays)
+            v = _version(m.get("dense_version"))
+            if v is not None:
+                versions[p] = v
         self._dense_names = sorted(out)
+        self.dense_versions = versions
         return out
 
-    def push_dense(self, grads: Mapping[str, npt.ArrayLike], lr: float | None = None) -> None:
+    def push_dense(
+        self,
+        grads: Mapping[str, npt.ArrayLike],
+        lr: float | None = None,
+        dense_read: Mapping[int, tuple[int, int]] | None = None,
+    ) -> None:
+        """Apply dense gradients; ``dense_read`` (per PS, as :attr:`dense_versions` gave it)
+        says which values they were computed on, so a PS scales a stale one's lr."""
         grouped = self._by_owner(grads)
-        self._fan_out({p: ("PushDense", {"lr": lr}, g) for p, g in grouped.items()})
+        calls: dict[int, tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
+        for p, g in grouped.items():
+            fields: dict[str, Any] = {"lr": lr}
+            if dense_read and p in dense_read:
+                fields["dense_read"] = list(dense_read[p])
+            calls[p] = ("PushDense", fields, g)
+        self._fan_out(calls)
 
     # --- one round trip per PS per step ---
 
@@ -420,7 +441,10 @@ class PSClient:
         each: the PS applies the pushes, then reads. Returns the pulled rows
         ``[pull_plan.size, dim]`` (into ``out`` when given and large enough) and the dense
         parameters (when asked). ``opt`` is ``{"opt": name, "lr": lr}``; ``transfer`` the
-        precision of rows and gradients on the wire (fp32, bf16, fp16)."""
+        precision of rows and gradients on the wire (fp32, bf16, fp16).
+
+        The dense gradients go with ``ex.dense_read`` (the version of the values they were
+        computed on); when the dense parameters are read, ``ex.dense_versions`` gets theirs."""
         calls: dict[int, tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
         dense_by_ps = self._by_owner(ex.dense_grads) if ex.dense_grads else {}
         dense_ps = range(self.num_ps) if ex.want_dense else ()
@@ -458,6 +482,8 @@ class PSClient:
                     arrays["ids"] = plan.uniq[lo:hi]
             for name, g in dense_by_ps.get(p, {}).items():
                 arrays[DENSE_GRAD + name] = g
+            if p in dense_by_ps and ex.dense_read and p in ex.dense_read:
+                fields["dense_read"] = list(ex.dense_read[p])
             if p in dense_ps:
                 fields["want_dense"] = True
             if len(arrays) or fields.get("want_dense"):
@@ -482,10 +508,15 @@ class PSClient:
                         plan.rows_hint[p] = (int(token), ps_rows)
         dense: dict[str, F32] = {}
         if ex.want_dense:
-            for m in replies.values():
+            versions: dict[int, tuple[int, int]] = {}
+            for p, m in replies.items():
                 for k, v in m.arrays.items():
                     if k.startswith(DENSE_VALUE):
                         dense[k[len(DENSE_VALUE) :]] = v
+                ver = _version(m.get("dense_version"))
+                if ver is not None:
+                    versions[p] = ver
+            ex.dense_versions = versions
         return rows, dense
 
     # --- control ---
@@ -535,10 +566,19 @@ class StepPlan:
 
 class Exchange:
     """What one step sends: the gradients of a computed step (``push_plan`` + ``grads``
-    ``[push_plan.size, dim]`` + dense gradients by name) and/or the ids of a coming batch to
-    read (``pull_plan``), with the dense parameters if ``want_dense``."""
+    ``[push_plan.size, dim]`` + dense gradients by name, computed on the dense values of
+    version ``dense_read``, per PS) and/or the ids of a coming batch to read (``pull_plan``),
+    with the dense parameters if ``want_dense`` (their versions land in ``dense_versions``)."""
 
-    __slots__ = ("dense_grads", "grads", "pull_plan", "push_plan", "want_dense")
+    __slots__ = (
+        "dense_grads",
+        "dense_read",
+        "dense_versions",
+        "grads",
+        "pull_plan",
+        "push_plan",
+        "want_dense",
+    )
 
     def __init__(
         self,
@@ -547,12 +587,22 @@ class Exchange:
         dense_grads: Mapping[str, npt.NDArray[np.float32]] | None = None,
         pull_plan: StepPlan | None = None,
         want_dense: bool = False,
+        dense_read: Mapping[int, tuple[int, int]] | None = None,
     ) -> None:
         self.push_plan = push_plan
         self.grads = grads
         self.dense_grads = dense_grads or {}
         self.pull_plan = pull_plan
         self.want_dense = want_dense
+        self.dense_read = dict(dense_read) if dense_read else {}
+        self.dense_versions: dict[int, tuple[int, int]] = {}
+
+
+def _version(raw: Any) -> tuple[int, int] | None:
+    """A reply's ``dense_version`` as (token, updates); None if absent (an older PS)."""
+    if isinstance(raw, list | tuple) and len(raw) == 2:
+        return int(raw[0]), int(raw[1])
+    return None
 
 
 def _plan(

@@ -26,7 +26,10 @@ What it does:
    computes (prefetch + background push): a step then sees the PS state without the updates of
    its last ``staleness`` steps (default 1; 0: no overlap, still one round trip a step). The PS
    applies ``training.optimizer`` (Adagrad, Adam, SGD: torch's rules) with its ``lr``; rows and
-   gradients travel in ``training.transfer`` precision (fp32, bf16, fp16). Before a shard is
+   gradients travel in ``training.transfer`` precision (fp32, bf16, fp16). Dense gradients go
+   with the version of the dense values they were computed on (``dense_read``); the PS applies
+   one computed τ > 1 updates ago with lr/τ (other workers' pushes count too: two workers at
+   staleness 1 lag about 3 updates). Before a shard is
    reported done, :meth:`Worker._flush` drains every exchange in flight and pushes the last
    step's gradients (a push that failed is kept and retried, never dropped), so the shard's
    updates are on the PS when the master counts it.
@@ -224,6 +227,9 @@ class StepGrads:
     lr: float | None
     optimizer: str | None = None
     transfer: str = "fp32"
+    # per PS, the version of the dense values these gradients were computed on (a PS scales
+    # the lr of a stale one: see the server's module docstring)
+    dense_read: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def sparse(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -241,7 +247,7 @@ class StepGrads:
         return {n: (np.concatenate(i), np.concatenate(g)) for n, (i, g) in out.items()}
 
     def exchange(self, pull: StepPlan | None = None, want_dense: bool = False) -> Exchange:
-        return Exchange(self.plan, self.grads, self.dense, pull, want_dense)
+        return Exchange(self.plan, self.grads, self.dense, pull, want_dense, self.dense_read)
 
     def opt_fields(self) -> dict[str, Any]:
         return _opt_fields(self.optimizer, self.lr)
@@ -307,18 +313,19 @@ def compute_step(
     so)."""
     want = sync is None or sync.due()
     plan = step_plan(ps, batch, names, rows)
-    got, dense = ps.exchange(
-        Exchange(pull_plan=plan, want_dense=want), _opt_fields(optimizer, lr), transfer
-    )
+    ex = Exchange(pull_plan=plan, want_dense=want)
+    got, dense = ps.exchange(ex, _opt_fields(optimizer, lr), transfer)
     assert got is not None
+    read = ex.dense_versions if want else dict(ps.dense_versions)
     if want:
         load_dense(tower, dense)
+        ps.dense_versions = dict(read)
         if sync is not None:
             sync.done()
     loss, grads, dense_grads = forward_backward(tower, batch, plan, got)
     if sync is not None:
         sync.steps_since += 1
-    return loss, StepGrads(plan, grads, dense_grads, lr, optimizer, transfer)
+    return loss, StepGrads(plan, grads, dense_grads, lr, optimizer, transfer, read)
 
 
 def train_step(
@@ -378,6 +385,7 @@ class _InFlight:
     batch: Batch | None
     plan: StepPlan | None
     want_dense: bool
+    exchange: Exchange | None = None  # its dense_versions, once the future is done
 
 
 # --- evaluation against the PS ---------------------------------------------------------------
@@ -554,6 +562,8 @@ class Worker:
         self.transfer = "fp32"
         self._bufs: list[np.ndarray] = []
         self._buf_next = 0
+        # per PS, the version of the dense values in self.tower (sent with their gradients)
+        self._dense_read: dict[int, tuple[int, int]] = {}
 
     # --- control from outside ----------------------------------------------------------------
 
@@ -787,11 +797,18 @@ class Worker:
         t0 = time.perf_counter()
         if entry.want_dense:
             load_dense(self.tower, dense)
+            self._dense_read = dict(entry.exchange.dense_versions) if entry.exchange else {}
         assert entry.plan is not None and rows is not None
         loss, grads, dense_grads = forward_backward(self.tower, batch, entry.plan, rows)
         self.sync.steps_since += 1
         self._pending = StepGrads(
-            entry.plan, grads, dense_grads, self.lr, self.optimizer, self.transfer
+            entry.plan,
+            grads,
+            dense_grads,
+            self.lr,
+            self.optimizer,
+            self.transfer,
+            self._dense_read,
         )
         self.times.compute += time.perf_counter() - t0
         self.times.steps += 1
@@ -848,7 +865,7 @@ class Worker:
             if self._pusher is None:
                 self._pusher = ThreadPoolExecutor(1, thread_name_prefix="worker-exchange")
             fut = self._pusher.submit(self._exchange, ex, out)
-        self._inflight.append(_InFlight(fut, push, batch, plan, want))
+        self._inflight.append(_InFlight(fut, push, batch, plan, want, ex))
 
     def _receive(self, batch: Batch) -> tuple[_InFlight, np.ndarray | None, dict[str, np.ndarray]]:
         """Wait for the exchanges up to the one reading ``batch``; an exchange leaves the
@@ -901,6 +918,7 @@ class Worker:
         params = {n: p.detach().numpy().copy() for n, p in self.tower.named_parameters()}
         self._ps.init_dense(params)
         load_dense(self.tower, self._ps.pull_dense())
+        self._dense_read = dict(self._ps.dense_versions)
         self.sync.done()
 
     def _with_ps(self, fn: Callable[[], None]) -> None:
