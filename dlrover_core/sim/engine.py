@@ -116,6 +116,9 @@ class _Run:
     n_alloc: int = 0
     up_workers: list[_Node] = field(default_factory=list)
     ps_all_up: bool = False
+    rate_key: tuple[Any, ...] | None = None  # what x, w_used, p_used were computed from
+    oom_key: tuple[float, ...] | None = None  # PS memory limits n_oom was computed for
+    n_oom: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # accounting
     cpu_used_cs: float = 0.0
     cpu_alloc_cs: float = 0.0
@@ -225,21 +228,36 @@ class Engine:
 
     # ---- state of one run ----------------------------------------------------------------
     def _refresh(self, run: _Run, t: float) -> None:
-        """Recompute the piecewise-constant rate and usage after any change at time t."""
+        """Recompute the piecewise-constant rate and usage after any change at time t.
+
+        The rates and per-node usage are a pure function of the up nodes' CPU and speed and
+        the pause: most events (policy calls) leave those unchanged, so they are memoised on
+        the run and recomputed only when they change (same values, not an approximation)."""
         truth = run.job.truth
         nodes = run.workers + run.ps
-        run.alloc_cpu_m = sum(n.res.cpu_millicores for n in nodes if n.pending is None)
-        run.alloc_mem = sum(n.res.memory_mib for n in nodes if n.pending is None)
-        run.n_alloc = sum(1 for n in nodes if n.pending is None)
+        alloc = [n for n in nodes if n.pending is None]
+        run.alloc_cpu_m = sum(n.res.cpu_millicores for n in alloc)
+        run.alloc_mem = sum(n.res.memory_mib for n in alloc)
+        run.n_alloc = len(alloc)
         run.up_workers = [n for n in run.workers if n.down_until <= t]
         run.ps_all_up = all(n.down_until <= t for n in run.ps) and bool(run.ps)
+        paused = t < run.paused_until
+        key = (
+            tuple((n.res.cpu_millicores, n.speed) for n in run.up_workers),
+            tuple(n.res.cpu_millicores for n in run.ps),
+            run.ps_all_up,
+            paused,
+        )
+        if key == run.rate_key:
+            return
+        run.rate_key = key
         wc = np.array([n.res.cpu_cores for n in run.up_workers])
         pc = np.array([n.res.cpu_cores for n in run.ps])
         if run.up_workers and run.ps_all_up:
             x, xw, _, _ = truth.rates(wc, pc, [n.speed for n in run.up_workers])
         else:
             x, xw = 0.0, 0.0
-        if t < run.paused_until:
+        if paused:
             x = 0.0
         run.x = x
         run.xw = xw
@@ -254,6 +272,15 @@ class Engine:
             run.peak_w_mem = max(run.peak_w_mem, truth.worker_memory_mib)
         if run.p_used.size:
             run.peak_p_cpu = max(run.peak_p_cpu, float(run.p_used.max()))
+
+    def _ps_oom_each(self, run: _Run) -> np.ndarray:
+        """Per PS, the samples done at which it exceeds its limit (memoised on the limits)."""
+        key = tuple(float(n.res.memory_mib) for n in run.ps)
+        if key != run.oom_key:
+            run.oom_key = key
+            limits = np.array(key, dtype=np.float64)
+            run.n_oom = run.job.truth.ps_oom_samples_each(len(run.ps), limits)
+        return run.n_oom
 
     def _ps_mem(self, run: _Run, n: float) -> np.ndarray:
         return run.job.truth.ps_memory_used(len(run.ps), n) if run.ps else np.zeros(0)
@@ -352,8 +379,7 @@ class Engine:
             cands.append(t + (total - run.done) / run.x)
             if run.job.fatal_at_fraction is not None:
                 cands.append(t + max(0.0, run.job.fatal_at_fraction * total - run.done) / run.x)
-            limits = np.array([n.res.memory_mib for n in run.ps], dtype=np.float64)
-            n_oom = run.job.truth.ps_oom_samples(len(run.ps), limits)
+            n_oom = float(self._ps_oom_each(run).min())
             cands.append(t + max(0.0, n_oom - run.done) / run.x)
         else:
             cands.append(run.last_progress_s + self.cfg.hang_s)
@@ -705,8 +731,7 @@ class Engine:
                 self._node_exit(run, n, ExitClass.OOM, t)
                 return
         if run.ps_all_up:
-            limits = np.array([n.res.memory_mib for n in run.ps], dtype=np.float64)
-            n_oom = truth.ps_oom_samples_each(len(run.ps), limits)
+            n_oom = self._ps_oom_each(run)
             i = int(np.argmin(n_oom))
             if run.done >= n_oom[i] * (1 - 1e-9) - 1e-6:
                 self._node_exit(run, run.ps[i], ExitClass.OOM, t)
