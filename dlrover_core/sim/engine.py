@@ -306,12 +306,12 @@ class Engine:
         ps_util = None
         if run.p_used.size:
             ps_util = max(
-                int(float(u) * 1000) / nd.res.cpu_millicores
-                for u, nd in zip(run.p_used, run.ps, strict=False)
+                int(u * 1000) / nd.res.cpu_millicores
+                for u, nd in zip(run.p_used.tolist(), run.ps, strict=False)
             )
         w_utils = [
-            int(float(u) * 1000) / nd.res.cpu_millicores
-            for u, nd in zip(run.w_used, run.up_workers, strict=False)
+            int(u * 1000) / nd.res.cpu_millicores
+            for u, nd in zip(run.w_used.tolist(), run.up_workers, strict=False)
         ]
         w_util = sum(w_utils) / len(w_utils) if w_utils else 0.0
         gs = g0 + window * np.arange(skip, n)
@@ -465,10 +465,12 @@ class Engine:
         nodes: list[NodeObservation] = []
         up_i = 0
         w_total_speed = sum(n.speed for n in run.up_workers) or 1.0
-        pmem = self._ps_mem(run, run.done)
+        pmem = self._ps_mem(run, run.done).tolist()
+        w_used = run.w_used.tolist()
+        p_used = run.p_used.tolist()
         for n in run.workers:
             if n.down_until <= t:
-                used = float(run.w_used[up_i]) if up_i < run.w_used.size else 0.0
+                used = w_used[up_i] if up_i < len(w_used) else 0.0
                 up_i += 1
                 nodes.append(
                     NodeObservation(
@@ -489,14 +491,14 @@ class Engine:
                     )
                 )
         for i, n in enumerate(run.ps):
-            if n.down_until <= t and run.p_used.size:
+            if n.down_until <= t and p_used:
                 nodes.append(
                     NodeObservation(
                         Role.PS,
                         n.node_id,
                         NodeState.RUNNING,
                         n.res,
-                        int(float(run.p_used[i]) * 1000),
+                        int(p_used[i] * 1000),
                         int(pmem[i]),
                         run.config_since,
                     )

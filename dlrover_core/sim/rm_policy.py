@@ -134,10 +134,16 @@ class DLRoverRMPolicy:
                 fresh = True
         if fresh and len(st.samples) > 4 * PER_CONFIG:
             st.samples = _bounded(st.samples)
-        d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
-        st.next_check_s = d.next_check_s
+        if st.next_check_s is not None and now_s < st.next_check_s:
+            # stage 2 said nothing can change before then without new evidence: only the
+            # stage-3 watch (hot, pending, memory-bound nodes) runs in between
+            d = st.planner.monitor(current, observations, now_s, st.plans)
+        else:
+            d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
+            st.next_check_s = d.next_check_s
         if d.plan is not None:
             st.plans.append(d.plan)
+            st.next_check_s = None  # a new configuration: stage 2 looks at it afresh
         return d.plan
 
     def next_call_s(self, job: JobView, now_s: float) -> float | None:
@@ -162,6 +168,7 @@ class DLRoverRMPolicy:
         relaunches: int,
     ) -> RelaunchDecision:
         st = self._job(job)
+        st.next_check_s = None  # an exit is new evidence: the next call re-plans in full
         if role is Role.PS and exit_class is ExitClass.OOM and len(st.ps_memory_seen) > 1:
             act = ps_oom_action(list(st.ps_memory_seen.values()), self.faults)
             new_ps = act.apply(plan.ps, memory_cap_mib=self.faults.oom_cap_mib)
