@@ -210,9 +210,8 @@ class Planner:
             if plan is not None:
                 return PlanDecision(plan, (), model)
             if model.full_rank_:
-                return PlanDecision(
-                    None, (note,), model, next_check_s=self._recheck_s(now_s, left_s, unblocked_s)
-                )
+                due = self._recheck_s(now_s, now_s - current.created_at_s, left_s, unblocked_s)
+                return PlanDecision(None, (note,), model, next_check_s=due)
         # no model, an untrusted one, or a partial one that finds nothing worth a change in
         # its span: sample an input it never saw vary (configurations past runs measured
         # count as sampled), while enough time is left for the sample to pay back
@@ -245,13 +244,19 @@ class Planner:
         )
         return PlanDecision(urgent, () if urgent is not None else ("stage 3: nothing to fix",))
 
-    def _recheck_s(self, now_s: float, left_s: float | None, unblocked_s: float | None) -> float:
-        """When a model move found nothing worth its pause, the next stage-2 check: the same
-        model and measured speed give a move less to save as the time left shrinks, so the
-        answer changes only with new evidence (a refit, a shift in speed), which a check every
-        ``recheck_fraction`` of the time left still catches, or when a pacing guard lifts."""
+    def _recheck_s(
+        self, now_s: float, age_s: float, left_s: float | None, unblocked_s: float | None
+    ) -> float:
+        """When a model move found nothing worth its pause, the next stage-2 check.
+
+        The same model and measured speed give a move less to save as the time left shrinks,
+        so the answer changes only with new evidence (a refit, a shift in speed); the longer a
+        configuration has held (``age_s``) the less each further window adds. So the check
+        backs off: after ``recheck_fraction`` of the longer of the time left and the
+        configuration's age (at least the re-plan interval; the gaps grow geometrically), or
+        when a pacing guard lifts. Stage 3 is not paced by this (see :meth:`monitor`)."""
         cfg = self.config
-        wait = cfg.replan_interval_s
+        wait = max(cfg.replan_interval_s, cfg.recheck_fraction * max(age_s, 0.0))
         if left_s is not None:
             wait = max(wait, cfg.recheck_fraction * left_s)
         due = now_s + wait

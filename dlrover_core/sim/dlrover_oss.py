@@ -38,8 +38,8 @@ from dlrover_core.sim.policies import (
 from dlrover_core.types import (
     HistoryRecord,
     NodeOverride,
-    NodeState,
     NodeResources,
+    NodeState,
     Observation,
     ResourcePlan,
     Role,
