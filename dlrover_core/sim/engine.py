@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from dlrover_core.faults import DEFAULT_FAULT_POLICY, FaultPolicy
+from dlrover_core.faults import RelaunchDecision as FaultRuling
 from dlrover_core.sim.policies import ExitClass, JobView, Policy, RelaunchDecision
 from dlrover_core.sim.trace import TraceJob
 from dlrover_core.types import (
@@ -45,7 +47,8 @@ class EngineConfig:
     ps_pause_s: float = 120.0  # job-wide pause for a PS change / migration
     relaunch_delay_s: float = 60.0  # a relaunched node is allocated but not up yet
     sample_window_s: float = 60.0  # config stable this long -> a Sample (a speed window)
-    max_relaunches: int = 3  # per node
+    # the runtime's relaunch rule (budgets per node and exit class, the OOM cap): one rule book
+    faults: FaultPolicy = DEFAULT_FAULT_POLICY
     node_failure_per_hour: float = 1.0 / 150.0  # Poisson, per allocated node
     hardware_fraction: float = 0.3  # of failures; the rest are KILLED (preemption)
     straggler_prob: float = 0.05
@@ -63,8 +66,8 @@ class _Node:
         "down_until",
         "node_id",
         "pending",
+        "relaunches",
         "res",
-        "restarts",
         "role",
         "speed",
     )
@@ -76,7 +79,8 @@ class _Node:
         self.speed = speed
         self.down_until = up
         self.down_since = up  # when it last went down (pending/relaunching since)
-        self.restarts = 0
+        # relaunches after exits, per exit class (the key the runtime's rule counts by)
+        self.relaunches: dict[str, int] = {}
         self.pending: NodeResources | None = None  # waiting for capacity to relaunch
 
 
@@ -579,26 +583,56 @@ class Engine:
                 )
             )
 
+    def relaunch_rule(
+        self, node_role: Role, cls: ExitClass, current: NodeResources, planned: NodeResources,
+        relaunches: dict[str, int],
+    ) -> tuple[str, int, FaultRuling]:  # fmt: skip
+        """The runtime's rule for an exit: (the budget key, relaunches under it so far, the
+        ruling). The policy only chooses *how* to relaunch a node the rule lets go on."""
+        key = cls.value
+        tries = relaunches.get(key, 0)
+        return key, tries, self.cfg.faults.decide(node_role, cls, current, planned, tries)
+
     def _node_exit(self, run: _Run, node: _Node, cls: ExitClass, t: float) -> None:
         if cls is ExitClass.OOM:
             run.oom_count += 1
-        if cls is ExitClass.FATAL:
-            self._finish(run, t, False, "fatal code error")
-            return
         assert run.plan is not None
-        if node.restarts >= self.cfg.max_relaunches:
-            dec = RelaunchDecision(False, reason="relaunch budget exhausted")
+        planned = run.plan.node_resources(node.role, node.node_id)
+        key, tries, rule = self.relaunch_rule(node.role, cls, node.res, planned, node.relaunches)
+        if rule.fail_job:
+            self._finish(
+                run, t, False, f"{node.role.value}-{node.node_id} lost ({cls.value}: {rule.reason})"
+            )
+            return
+        if not rule.relaunch:
+            dec = RelaunchDecision(False, reason=rule.reason)
         else:
             dec = self.policy.on_node_exit(
-                run.view, node.role, node.node_id, cls, node.res, run.plan, node.restarts
+                run.view, node.role, node.node_id, cls, node.res, run.plan, tries
             )
+            new_res = dec.resources or node.res
+            if (
+                cls is ExitClass.OOM
+                and dec.plan is None
+                and dec.relaunch
+                and new_res.memory_mib <= node.res.memory_mib
+            ):
+                # a policy that relaunches an OOM node without more memory (the runtime always
+                # bumps it) would crash-loop: such retries spend the UNKNOWN-exit budget
+                key = "oom-same-memory"
+                tries = node.relaunches.get(key, 0)
+                if tries >= self.cfg.faults.max_relaunches:
+                    dec = RelaunchDecision(
+                        False,
+                        reason=f"OOM relaunched without more memory {tries} times: budget spent",
+                    )
         if dec.plan is not None and self._valid(run, dec.plan):
-            node.restarts += 1
-            restarts = node.restarts
+            node.relaunches[key] = tries + 1
+            counts = dict(node.relaunches)
             if self._apply(run, dec.plan, t):
                 group = run.workers if node.role is Role.WORKER else run.ps
                 if node.node_id < len(group):
-                    group[node.node_id].restarts = restarts
+                    group[node.node_id].relaunches = counts
                     if group[node.node_id] is node:
                         node.down_until = t + self.cfg.relaunch_delay_s
                         node.down_since = t
@@ -607,7 +641,7 @@ class Engine:
                 return
         if dec.relaunch or (dec.plan is not None):
             new_res = dec.resources or node.res
-            node.restarts += 1
+            node.relaunches[key] = tries + 1
             self._new_window(run, t)
             if new_res != node.res:
                 d_cpu = new_res.cpu_millicores - node.res.cpu_millicores
