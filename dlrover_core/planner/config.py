@@ -87,6 +87,8 @@ class PlannerConfig:
 
     @classmethod
     def from_spec(cls, spec: JobSpec, **overrides: object) -> PlannerConfig:
+        """The spec's ``pacing`` and ``planner`` sections over the defaults; ``overrides``
+        (keyword arguments, e.g. from a test) over those."""
         p = spec.pacing
         base = cls(
             replan_interval_s=p.replan_interval_s,
@@ -96,6 +98,7 @@ class PlannerConfig:
             hot_window=p.hot_window,
             pending_timeout_s=p.pending_timeout_s,
             history_window_s=p.history_window_s,
+            **spec.planner.overrides(),  # type: ignore[arg-type]
         )
         if overrides:
             from dataclasses import replace
