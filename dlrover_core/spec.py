@@ -498,6 +498,9 @@ class PlannerSpec(_Strict):
     recheck_fraction: float | None = Field(
         default=None, ge=0, le=1, description="no move worth it: re-check after this share"
     )
+    recheck_max_s: float | None = Field(
+        default=None, gt=0, description="... but at most this many seconds later (1800)"
+    )
     hot_ps_cpu_util: float | None = Field(
         default=None, gt=0, le=1, description="a PS this busy is hot (0.9)"
     )

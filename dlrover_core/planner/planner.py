@@ -253,12 +253,17 @@ class Planner:
         so the answer changes only with new evidence (a refit, a shift in speed); the longer a
         configuration has held (``age_s``) the less each further window adds. So the check
         backs off: after ``recheck_fraction`` of the longer of the time left and the
-        configuration's age (at least the re-plan interval; the gaps grow geometrically), or
-        when a pacing guard lifts. Stage 3 is not paced by this (see :meth:`monitor`)."""
+        configuration's age (at least the re-plan interval, at most ``recheck_max_s``; the
+        gaps grow geometrically), or when a pacing guard lifts. Off by default
+        (``recheck_fraction`` 0: every re-plan interval, see PlannerConfig). Stage 3 is not
+        paced by this (see :meth:`monitor`)."""
         cfg = self.config
-        wait = max(cfg.replan_interval_s, cfg.recheck_fraction * max(age_s, 0.0))
+        wait = cfg.recheck_fraction * max(age_s, 0.0)
         if left_s is not None:
             wait = max(wait, cfg.recheck_fraction * left_s)
+        # never longer than ``recheck_max_s``: a very slow configuration has a long time
+        # left, and that is where a missed move costs most (a 13-day job, measured)
+        wait = max(cfg.replan_interval_s, min(wait, cfg.recheck_max_s))
         due = now_s + wait
         if unblocked_s is not None and now_s < unblocked_s < due:
             due = max(unblocked_s, now_s + cfg.replan_interval_s)
