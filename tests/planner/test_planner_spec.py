@@ -11,7 +11,8 @@ import pytest
 from dlrover_core.errors import SpecError
 from dlrover_core.planner import Planner, PlannerConfig
 from dlrover_core.spec import PlannerSpec, load_spec, spec_to_dict
-from tests.factories import make_obs, make_spec, make_spec_dict
+from dlrover_core.types import Stage
+from tests.factories import make_obs, make_plan, make_spec, make_spec_dict
 from tests.planner.test_planner import CURRENT, WB, planner_with, truth_at
 
 
@@ -117,3 +118,31 @@ def test_max_worker_step_from_the_spec_bounds_the_step() -> None:
         CURRENT, [], truth_at(CURRENT), 20.0
     )
     assert d.plan is not None and d.plan.workers.count == CURRENT.workers.count + 2
+
+
+def _not_worth(planner: Planner) -> float | None:
+    obs = [make_obs(10.0, ps_util=[0.5], ps_cpu=2000, worker_cpu=1000, worker_mem=2048,
+                    worker_speeds=[100, 100], samples_total=20_000_000)]  # fmt: skip
+    d = planner.replan(CURRENT, obs, truth_at(CURRENT), 20.0)
+    assert d.plan is None and d.notes[0].startswith("not worth")
+    return d.next_check_s
+
+
+def test_the_no_move_back_off_is_off_unless_the_spec_turns_it_on() -> None:
+    """No move worth it: by default the next stage-2 check is one re-plan interval (10 s in
+    the test spec) away; ``recheck_fraction`` backs it off, never past ``recheck_max_s``."""
+    slow = {"worker_change_pause_s": 86_400, "ps_change_pause_s": 86_400}
+    assert _not_worth(planner_with(WB, planner=slow)) == 20.0 + 10.0
+    back_off = {**slow, "recheck_fraction": 0.5, "recheck_max_s": 900}
+    assert _not_worth(planner_with(WB, planner=back_off)) == 20.0 + 900.0  # ~96 min > 900 s
+
+
+def test_monitor_runs_stage_3_alone() -> None:
+    current = make_plan((2, 1000, 2048), (2, 2000, 4096), created_at_s=0.0)
+    hot = [make_obs(t, ps_util=[0.95, 0.4], ps_cpu=2000, ps_mem=4096) for t in (1.0, 2.0, 3.0)]
+    d = planner_with(WB).monitor(current, hot, 4.0)
+    assert d.plan is not None and d.plan.stage is Stage.POST_SCALING
+    calm = [make_obs(t, ps_util=[0.5, 0.5], ps_cpu=2000, ps_mem=4096) for t in (1.0, 2.0, 3.0)]
+    d = planner_with(WB).monitor(current, calm, 4.0)
+    assert d.plan is None  # and no stage 2 either: it would scale this job up
+    assert planner_with(WB).replan(current, calm, truth_at(current), 20.0).plan is not None
