@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -40,6 +41,10 @@ from dlrover_core.sim.runner import (
 )
 
 OURS, PEER, ORACLE, MANUAL = "dlrover-rm", "dlrover-oss", "oracle", "manual"
+# `simulate --jobs 1000 --seed 0`, all seven policies, measured before the speed work of
+# issue 10 (benchmarks/results/simulate_1000.txt at that revision): wall s, CPU s, load, rev
+BASELINE_KEY = (1000, 0, 7)
+BASELINE = (189.0, 173.0, 5.0, "ad64cb4")
 MULTI_POLICIES = (MANUAL, PEER, ORACLE, OURS)
 TUNED_ON = (0, 1)
 
@@ -96,7 +101,7 @@ def multi(args: argparse.Namespace) -> int:
     traces: list[dict[str, Any]] = []
     for n, seed in runs:
         t0, c0 = time.perf_counter(), time.process_time()
-        res = simulate(n, seed, list(MULTI_POLICIES), processes=args.processes)
+        res = simulate(n, seed, list(MULTI_POLICIES), processes=args.processes, keep_timing=True)
         wall = time.perf_counter() - t0
         crit = criteria(res)
         worst = max(v for name, v, _, _ in crit if name.startswith("JCT ") and "/ oss" in name)
@@ -155,13 +160,27 @@ def single(args: argparse.Namespace) -> int:
     names = [p for p in args.policies.split(",") if p] or available_policies()
     for name, why in unavailable_policies().items():
         print(f"note: policy {name} skipped: {why}", file=sys.stderr)
+    load0 = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
-    result = simulate(args.jobs, args.seed, names, processes=args.processes)
+    result = simulate(args.jobs, args.seed, names, processes=args.processes, keep_timing=True)
     elapsed = time.perf_counter() - t0
     print(format_table(result))
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = time.process_time() - c0 + kids.ru_utime + kids.ru_stime
-    print(f"\n(simulated in {elapsed:.1f} s wall, {cpu:.1f} s CPU in all processes)\n")
+    load1 = os.getloadavg()[0]
+    print(f"\n(simulated in {elapsed:.1f} s wall, {cpu:.1f} s CPU in all processes)")
+    per = ", ".join(f"{n} {m['cpu_s']:.1f}" for n, m in result["policies"].items() if "cpu_s" in m)
+    print(f"CPU s per policy: {per}")
+    print(
+        f"load average {load0:.1f} at the start, {load1:.1f} at the end (other work on the "
+        "machine stretches the wall time; the CPU times are the comparable figures)"
+    )
+    if (args.jobs, args.seed, len(names)) == BASELINE_KEY:
+        b_wall, b_cpu, b_load, b_rev = BASELINE
+        print(
+            f"baseline (before issue 10's speed work, {b_rev}, same command): {b_wall:.0f} s "
+            f"wall, {b_cpu:.0f} s CPU at load ≈ {b_load:.0f}; target < 60 s wall\n"
+        )
     print(f"{'vs manual':<12} {'JCT':>14} {'completion':>16} {'CPU util':>16} {'mem util':>16}")
     print(
         f"{'paper':<12} {PAPER_CLAIMS['jct_change'] * 100:13.0f}% "

@@ -479,6 +479,72 @@ class Signature(_Strict):
     dataset: str | None = None
 
 
+class PlannerSpec(_Strict):
+    """The planner's tunable numbers (``PlannerConfig``), each optional: a field left out keeps
+    the planner's default. What a scaling step costs and when one is worth it; the defaults
+    were measured in the simulator (issue 10), the pauses should be what your cluster shows."""
+
+    worker_change_pause_s: float | None = Field(
+        default=None, ge=0, description="seconds a worker add/resize pauses the job (30)"
+    )
+    ps_change_pause_s: float | None = Field(
+        default=None, ge=0, description="seconds a PS change or migration pauses the job (120)"
+    )
+    min_remaining_to_sample_s: float | None = Field(
+        default=None, ge=0, description="no sampling move with less time left than this (1200)"
+    )
+    min_saved_fraction: float | None = Field(
+        default=None, ge=0, le=1, description="a move must save this share of the time left"
+    )
+    min_saved_pause_multiple: float | None = Field(
+        default=None, ge=0, description="... and at least this many of its pauses (2)"
+    )
+    min_gain: float | None = Field(
+        default=None, ge=0, le=1, description="objective gain below which no move is made"
+    )
+    min_elasticity: float | None = Field(
+        default=None, ge=0, le=1, description="θ: 1 % more cost must buy θ % more throughput"
+    )
+    memory_gib_per_core: float | None = Field(
+        default=None, gt=0, description="GiB of memory that cost as much as one core (4)"
+    )
+    max_worker_step: int | None = Field(
+        default=None, ge=1, le=256, description="most workers added in one step (8)"
+    )
+    max_sampling_configs: int | None = Field(
+        default=None, ge=0, le=64, description="configurations sampled before the model (4)"
+    )
+    max_trust_rel_error: float | None = Field(
+        default=None, gt=0, le=10, description="model error beyond which it is not used"
+    )
+    recheck_fraction: float | None = Field(
+        default=None, ge=0, le=1, description="no move worth it: re-check after this share"
+    )
+    recheck_max_s: float | None = Field(
+        default=None, gt=0, description="... but at most this many seconds later (1800)"
+    )
+    hot_ps_cpu_util: float | None = Field(
+        default=None, gt=0, le=1, description="a PS this busy is hot (0.9)"
+    )
+    idle_ps_cpu_util: float | None = Field(
+        default=None, ge=0, lt=1, description="PS below this busy are idle (0.4)"
+    )
+
+    @model_validator(mode="after")
+    def _check_utils(self) -> PlannerSpec:
+        hot, idle = self.hot_ps_cpu_util, self.idle_ps_cpu_util
+        if hot is not None and idle is not None and idle >= hot:
+            raise ValueError(
+                f"idle_ps_cpu_util ({idle:g}) must be below hot_ps_cpu_util ({hot:g}); "
+                "lower idle_ps_cpu_util or raise hot_ps_cpu_util"
+            )
+        return self
+
+    def overrides(self) -> dict[str, float | int]:
+        """The fields the spec sets, by ``PlannerConfig`` field name."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class JobSpec(_Strict):
     name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
     signature: Signature = Signature()
@@ -492,6 +558,7 @@ class JobSpec(_Strict):
     pacing: PacingSpec = PacingSpec()
     backend: BackendSpec = BackendSpec()
     history: HistorySpec = HistorySpec()
+    planner: PlannerSpec = PlannerSpec()
 
     @model_validator(mode="after")
     def _check_sizes(self) -> JobSpec:
@@ -727,6 +794,7 @@ SYNTHETIC_ONLY = ("ids", "seed")
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     """JSON-able dict that :func:`load_spec` accepts back (aliases used)."""
     d = spec.model_dump(mode="json", by_alias=True)
+    d["planner"] = spec.planner.overrides()  # only what the spec sets (unset: the defaults)
     if spec.data.source in FILE_SOURCES:
         for k in SYNTHETIC_ONLY:
             d["data"].pop(k, None)

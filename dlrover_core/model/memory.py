@@ -43,10 +43,10 @@ class IdGrowthModel:
                 f"samples_seen has {n.size} values but distinct_ids has {u.size}; "
                 "give one distinct-ID count per samples-seen point"
             )
-        bad = [
-            f"point {i}: samples_seen={n[i]!r}, distinct_ids={u[i]!r} (both must be finite, > 0)"
-            for i in range(n.size)
-            if not (math.isfinite(n[i]) and math.isfinite(u[i]) and n[i] > 0 and u[i] > 0)
+        bad = [  # on plain floats: a per-element NumPy scalar check costs more than the fit
+            f"point {i}: samples_seen={ni!r}, distinct_ids={ui!r} (both must be finite, > 0)"
+            for i, (ni, ui) in enumerate(zip(n.tolist(), u.tolist(), strict=True))
+            if not (math.isfinite(ni) and math.isfinite(ui) and ni > 0 and ui > 0)
         ]
         if bad:
             raise InputError("cannot fit ID growth from these points", problems=bad)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.memory import IdGrowthModel, PSMemoryModel, WorkerMemoryModel
 from dlrover_core.spec import JobSpec
@@ -83,13 +81,13 @@ def _ps_nodes_over_time(observations: Sequence[Observation]) -> list[tuple[float
     """(distinct IDs, per-PS memory used) of observations with the latest PS count."""
     if not observations:
         return []
-    p_now = len(observations[-1].of(Role.PS))
-    out = []
-    for o in observations:
-        used = [n.memory_used_mib for n in o.of(Role.PS)]
-        if o.distinct_ids is not None and len(used) == p_now and p_now > 0:
-            out.append((float(o.distinct_ids), used))
-    return out
+    per_obs = [[n.memory_used_mib for n in o.of(Role.PS)] for o in observations]
+    p_now = len(per_obs[-1])
+    return [
+        (float(o.distinct_ids), used)
+        for o, used in zip(observations, per_obs, strict=True)
+        if o.distinct_ids is not None and len(used) == p_now and p_now > 0
+    ]
 
 
 def fit_ps_memory(spec: JobSpec, observations: Sequence[Observation] = ()) -> PSMemoryFit:
@@ -109,11 +107,14 @@ def fit_ps_memory(spec: JobSpec, observations: Sequence[Observation] = ()) -> PS
             "spec formula",
         )  # fmt: skip
     p_now = len(pts[-1][1])
-    totals = np.array([sum(u) for _, u in pts], dtype=np.float64)
-    ids = np.array([i for i, _ in pts], dtype=np.float64)
+    totals = [float(sum(u)) for _, u in pts]
+    ids = [i for i, _ in pts]
     source = "spec formula, calibrated to current use"
-    if len(np.unique(ids)) >= 3 and np.ptp(ids) > 0:
-        slope, _ = np.polyfit(ids, totals, 1)
+    if len(set(ids)) >= 3:
+        # least-squares line through (ids, totals): its slope, in closed form
+        im, tm = sum(ids) / len(ids), sum(totals) / len(totals)
+        sxx = sum((i - im) ** 2 for i in ids)
+        slope = sum((i - im) * (t - tm) for i, t in zip(ids, totals, strict=True)) / sxx
         if slope > 0:
             mib_per_row = float(slope)
             source = f"fitted on {len(pts)} observations"
@@ -153,6 +154,13 @@ def worker_memory_mib(
 ) -> int:
     used = [n.memory_used_mib for o in observations for n in o.of(Role.WORKER)]
     if used:
-        return WorkerMemoryModel(margin=margin, floor_mib=512).fit(used).predict()
+        # the model keeps the largest use: fit it on that one value once all are valid
+        # (the full list only to name a bad value)
+        ok = all(u >= 0 for u in used)
+        return (
+            WorkerMemoryModel(margin=margin, floor_mib=512)
+            .fit([max(used)] if ok else used)
+            .predict()
+        )
     batch_mib = spec.training.batch_size * (spec.model.dense_features + 4 * 26) * 4 / 2**20
     return int(WORKER_BASE_MIB + 64 * batch_mib)

@@ -205,12 +205,13 @@ class Planner:
         trusted = model is not None and model.trustworthy(cfg.max_trust_rel_error)
         note = why or "model not trustworthy yet"
         if model is not None and trusted:
-            plan, note = self._model_move(model, current, observations, samples, here, past_plans,
-                                          now_s, left_s)  # fmt: skip
+            plan, note, unblocked_s = self._model_move(model, current, observations, samples,
+                                                       here, past_plans, now_s, left_s)  # fmt: skip
             if plan is not None:
                 return PlanDecision(plan, (), model)
             if model.full_rank_:
-                return PlanDecision(None, (note,), model, next_check_s=settle)
+                due = self._recheck_s(now_s, now_s - current.created_at_s, left_s, unblocked_s)
+                return PlanDecision(None, (note,), model, next_check_s=due)
         # no model, an untrusted one, or a partial one that finds nothing worth a change in
         # its span: sample an input it never saw vary (configurations past runs measured
         # count as sampled), while enough time is left for the sample to pay back
@@ -222,6 +223,52 @@ class Planner:
             )  # fmt: skip
         return PlanDecision(nxt, (note,), model, next_check_s=None if nxt is not None else settle)
 
+    def monitor(
+        self,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        now_s: float,
+        past_plans: Sequence[ResourcePlan] = (),
+    ) -> PlanDecision:
+        """Stage 3 alone (hot, idle, pending, memory-bound and straggling nodes): what a
+        caller runs between the stage-2 checks that ``replan``'s ``next_check_s`` paces."""
+        urgent = post_scale(
+            self.spec,
+            self.config,
+            current,
+            observations,
+            now_s,
+            past_plans=past_plans,
+            ps_fit=self._memory_fits(observations)[0],
+            bounds=self.bounds,
+        )
+        return PlanDecision(urgent, () if urgent is not None else ("stage 3: nothing to fix",))
+
+    def _recheck_s(
+        self, now_s: float, age_s: float, left_s: float | None, unblocked_s: float | None
+    ) -> float:
+        """When a model move found nothing worth its pause, the next stage-2 check.
+
+        The same model and measured speed give a move less to save as the time left shrinks,
+        so the answer changes only with new evidence (a refit, a shift in speed); the longer a
+        configuration has held (``age_s``) the less each further window adds. So the check
+        backs off: after ``recheck_fraction`` of the longer of the time left and the
+        configuration's age (at least the re-plan interval, at most ``recheck_max_s``; the
+        gaps grow geometrically), or when a pacing guard lifts. Off by default
+        (``recheck_fraction`` 0: every re-plan interval, see PlannerConfig). Stage 3 is not
+        paced by this (see :meth:`monitor`)."""
+        cfg = self.config
+        wait = cfg.recheck_fraction * max(age_s, 0.0)
+        if left_s is not None:
+            wait = max(wait, cfg.recheck_fraction * left_s)
+        # never longer than ``recheck_max_s``: a very slow configuration has a long time
+        # left, and that is where a missed move costs most (a 13-day job, measured)
+        wait = max(cfg.replan_interval_s, min(wait, cfg.recheck_max_s))
+        due = now_s + wait
+        if unblocked_s is not None and now_s < unblocked_s < due:
+            due = max(unblocked_s, now_s + cfg.replan_interval_s)
+        return due
+
     def _model_move(
         self,
         model: ThroughputModel,
@@ -232,9 +279,17 @@ class Planner:
         past_plans: Sequence[ResourcePlan],
         now_s: float,
         left_s: float | None,
-    ) -> tuple[ResourcePlan | None, str]:
+    ) -> tuple[ResourcePlan | None, str, float | None]:
+        """(plan or None, why, when a pacing guard that held a move back lifts)."""
         cfg = self.config
         limits = self._limits(current, samples, observations, past_plans, now_s)
+        unblocked: float | None = None
+        if not limits.change_ps:
+            plans = [*past_plans, current]
+            unblocked = self._last_change_s(plans, Role.PS) + cfg.ps_change_interval_s
+        if not limits.change_workers:
+            w_free = current.created_at_s + cfg.worker_stable_s
+            unblocked = w_free if unblocked is None else min(unblocked, w_free)
         mem_from = None if observations else current
         urgent_note = ""
         res = self._search(model, current, observations, limits, memory_from=mem_from)
@@ -250,14 +305,16 @@ class Planner:
                 )
                 res = alt
         if res.gain < cfg.min_gain or (res.workers, res.ps) == (current.workers, current.ps):
-            return None, f"current plan is within {cfg.min_gain:.0%} of the best"
+            return None, f"current plan is within {cfg.min_gain:.0%} of the best", unblocked
         worth, note = self._worth_it(model, current, res, here, left_s)
         if not worth:
-            return None, note
+            return None, note, unblocked
         plan = self._scaled_plan(current, res, model, now_s)
-        return plan.replace(
-            reasons=(*plan.reasons, note, *([urgent_note] if urgent_note else ()))
-        ), note
+        return (
+            plan.replace(reasons=(*plan.reasons, note, *([urgent_note] if urgent_note else ()))),
+            note,
+            None,
+        )
 
     def _worth_it(
         self,

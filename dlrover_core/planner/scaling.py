@@ -211,7 +211,9 @@ def search(
         ]
     )
     in_span = not model.span_problems(cur)
-    x_cur = float(model.predict_many(cur)[0]) if in_span else 0.0
+    any_ok = bool(ok.any())
+    # the current configuration is predicted with the grid (one call) when there is one
+    x_cur = float(model.predict_many(cur)[0]) if in_span and not any_ok else 0.0
     c_cur = float(
         cost(
             cw.count,
@@ -223,16 +225,23 @@ def search(
             cfg.memory_gib_per_core,
         )
     )
-    j_cur = (
-        math.log(max(x_cur, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
-        if in_span
-        else -50.0  # the current configuration is outside what the model knows
-    )
-    if not ok.any():
+
+    def objective_now(x_now: float) -> float:
+        if not in_span:
+            return -50.0  # the current configuration is outside what the model knows
+        return math.log(max(x_now, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
+
+    if not any_ok:
+        j_cur = objective_now(x_cur)
         return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
     W, P, WC, PC, PM = W[ok], P[ok], WC[ok], PC[ok], PM[ok]
     cfgs = np.column_stack([W, P, WC / 1000.0, np.where(P > 0, PC, 1000.0) / 1000.0])
-    x = model.predict_many(cfgs)
+    if in_span:
+        both = model.predict_many(np.vstack([cfgs, cur]))
+        x, x_cur = both[:-1], float(both[-1])
+    else:
+        x = model.predict_many(cfgs)
+    j_cur = objective_now(x_cur)
     c = cost(W, P, WC, PC, float(w_mem), PM, cfg.memory_gib_per_core)
     j = np.log(np.maximum(x, 1e-12)) - cfg.min_elasticity * np.log(np.maximum(c, 1e-12))
     i = int(np.argmax(j))

@@ -39,6 +39,7 @@ from dlrover_core.types import (
     HistoryRecord,
     NodeOverride,
     NodeResources,
+    NodeState,
     Observation,
     ResourcePlan,
     Role,
@@ -78,6 +79,14 @@ if DLROVER_OSS_UNAVAILABLE is None:
 
         def __deepcopy__(self, memo: dict[int, Any]) -> _OwnedMetric:
             return self
+
+
+# our role -> (the package's node type, the node-name prefix), looked up once per node
+_NODE_TYPE: dict[Role, tuple[Any, str]] = (
+    {Role.PS: (NodeType.PS, Role.PS.value), Role.WORKER: (NodeType.WORKER, Role.WORKER.value)}
+    if DLROVER_OSS_UNAVAILABLE is None
+    else {}
+)
 
 
 class _JobState:
@@ -183,17 +192,18 @@ class DlroverOssPolicy(FixedInterval):
             if obs.time_s <= st.reported_until:
                 continue
             nodes = []
+            running = NodeState.RUNNING
             for n in obs.nodes:
-                if n.state.value != "running":
+                if n.state is not running:
                     continue
-                ntype = NodeType.PS if n.role is Role.PS else NodeType.WORKER
+                ntype, prefix = _NODE_TYPE[n.role]
                 node = Node(
                     ntype,
                     n.node_id,
                     config_resource=NodeResource(
-                        n.allocated.cpu_cores, n.allocated.memory_mib * _MB
+                        n.allocated.cpu_millicores / 1000.0, n.allocated.memory_mib * _MB
                     ),
-                    name=f"{n.role.value}-{n.node_id}",
+                    name=f"{prefix}-{n.node_id}",
                 )
                 node.used_resource = NodeResource(
                     n.cpu_used_millicores / 1000.0, n.memory_used_mib * _MB

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from dlrover_core.faults import DEFAULT_FAULT_POLICY, FaultPolicy
+from dlrover_core.faults import RelaunchDecision as FaultRuling
 from dlrover_core.sim.policies import ExitClass, JobView, Policy, RelaunchDecision
 from dlrover_core.sim.trace import TraceJob
 from dlrover_core.types import (
@@ -45,7 +47,8 @@ class EngineConfig:
     ps_pause_s: float = 120.0  # job-wide pause for a PS change / migration
     relaunch_delay_s: float = 60.0  # a relaunched node is allocated but not up yet
     sample_window_s: float = 60.0  # config stable this long -> a Sample (a speed window)
-    max_relaunches: int = 3  # per node
+    # the runtime's relaunch rule (budgets per node and exit class, the OOM cap): one rule book
+    faults: FaultPolicy = DEFAULT_FAULT_POLICY
     node_failure_per_hour: float = 1.0 / 150.0  # Poisson, per allocated node
     hardware_fraction: float = 0.3  # of failures; the rest are KILLED (preemption)
     straggler_prob: float = 0.05
@@ -63,8 +66,8 @@ class _Node:
         "down_until",
         "node_id",
         "pending",
+        "relaunches",
         "res",
-        "restarts",
         "role",
         "speed",
     )
@@ -76,7 +79,8 @@ class _Node:
         self.speed = speed
         self.down_until = up
         self.down_since = up  # when it last went down (pending/relaunching since)
-        self.restarts = 0
+        # relaunches after exits, per exit class (the key the runtime's rule counts by)
+        self.relaunches: dict[str, int] = {}
         self.pending: NodeResources | None = None  # waiting for capacity to relaunch
 
 
@@ -116,6 +120,9 @@ class _Run:
     n_alloc: int = 0
     up_workers: list[_Node] = field(default_factory=list)
     ps_all_up: bool = False
+    rate_key: tuple[Any, ...] | None = None  # what x, w_used, p_used were computed from
+    oom_key: tuple[float, ...] | None = None  # PS memory limits n_oom was computed for
+    n_oom: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # accounting
     cpu_used_cs: float = 0.0
     cpu_alloc_cs: float = 0.0
@@ -225,21 +232,36 @@ class Engine:
 
     # ---- state of one run ----------------------------------------------------------------
     def _refresh(self, run: _Run, t: float) -> None:
-        """Recompute the piecewise-constant rate and usage after any change at time t."""
+        """Recompute the piecewise-constant rate and usage after any change at time t.
+
+        The rates and per-node usage are a pure function of the up nodes' CPU and speed and
+        the pause: most events (policy calls) leave those unchanged, so they are memoised on
+        the run and recomputed only when they change (same values, not an approximation)."""
         truth = run.job.truth
         nodes = run.workers + run.ps
-        run.alloc_cpu_m = sum(n.res.cpu_millicores for n in nodes if n.pending is None)
-        run.alloc_mem = sum(n.res.memory_mib for n in nodes if n.pending is None)
-        run.n_alloc = sum(1 for n in nodes if n.pending is None)
+        alloc = [n for n in nodes if n.pending is None]
+        run.alloc_cpu_m = sum(n.res.cpu_millicores for n in alloc)
+        run.alloc_mem = sum(n.res.memory_mib for n in alloc)
+        run.n_alloc = len(alloc)
         run.up_workers = [n for n in run.workers if n.down_until <= t]
         run.ps_all_up = all(n.down_until <= t for n in run.ps) and bool(run.ps)
+        paused = t < run.paused_until
+        key = (
+            tuple((n.res.cpu_millicores, n.speed) for n in run.up_workers),
+            tuple(n.res.cpu_millicores for n in run.ps),
+            run.ps_all_up,
+            paused,
+        )
+        if key == run.rate_key:
+            return
+        run.rate_key = key
         wc = np.array([n.res.cpu_cores for n in run.up_workers])
         pc = np.array([n.res.cpu_cores for n in run.ps])
         if run.up_workers and run.ps_all_up:
             x, xw, _, _ = truth.rates(wc, pc, [n.speed for n in run.up_workers])
         else:
             x, xw = 0.0, 0.0
-        if t < run.paused_until:
+        if paused:
             x = 0.0
         run.x = x
         run.xw = xw
@@ -254,6 +276,15 @@ class Engine:
             run.peak_w_mem = max(run.peak_w_mem, truth.worker_memory_mib)
         if run.p_used.size:
             run.peak_p_cpu = max(run.peak_p_cpu, float(run.p_used.max()))
+
+    def _ps_oom_each(self, run: _Run) -> np.ndarray:
+        """Per PS, the samples done at which it exceeds its limit (memoised on the limits)."""
+        key = tuple(float(n.res.memory_mib) for n in run.ps)
+        if key != run.oom_key:
+            run.oom_key = key
+            limits = np.array(key, dtype=np.float64)
+            run.n_oom = run.job.truth.ps_oom_samples_each(len(run.ps), limits)
+        return run.n_oom
 
     def _ps_mem(self, run: _Run, n: float) -> np.ndarray:
         return run.job.truth.ps_memory_used(len(run.ps), n) if run.ps else np.zeros(0)
@@ -279,12 +310,12 @@ class Engine:
         ps_util = None
         if run.p_used.size:
             ps_util = max(
-                int(float(u) * 1000) / nd.res.cpu_millicores
-                for u, nd in zip(run.p_used, run.ps, strict=False)
+                int(u * 1000) / nd.res.cpu_millicores
+                for u, nd in zip(run.p_used.tolist(), run.ps, strict=False)
             )
         w_utils = [
-            int(float(u) * 1000) / nd.res.cpu_millicores
-            for u, nd in zip(run.w_used, run.up_workers, strict=False)
+            int(u * 1000) / nd.res.cpu_millicores
+            for u, nd in zip(run.w_used.tolist(), run.up_workers, strict=False)
         ]
         w_util = sum(w_utils) / len(w_utils) if w_utils else 0.0
         gs = g0 + window * np.arange(skip, n)
@@ -352,8 +383,7 @@ class Engine:
             cands.append(t + (total - run.done) / run.x)
             if run.job.fatal_at_fraction is not None:
                 cands.append(t + max(0.0, run.job.fatal_at_fraction * total - run.done) / run.x)
-            limits = np.array([n.res.memory_mib for n in run.ps], dtype=np.float64)
-            n_oom = run.job.truth.ps_oom_samples(len(run.ps), limits)
+            n_oom = float(self._ps_oom_each(run).min())
             cands.append(t + max(0.0, n_oom - run.done) / run.x)
         else:
             cands.append(run.last_progress_s + self.cfg.hang_s)
@@ -439,10 +469,12 @@ class Engine:
         nodes: list[NodeObservation] = []
         up_i = 0
         w_total_speed = sum(n.speed for n in run.up_workers) or 1.0
-        pmem = self._ps_mem(run, run.done)
+        pmem = self._ps_mem(run, run.done).tolist()
+        w_used = run.w_used.tolist()
+        p_used = run.p_used.tolist()
         for n in run.workers:
             if n.down_until <= t:
-                used = float(run.w_used[up_i]) if up_i < run.w_used.size else 0.0
+                used = w_used[up_i] if up_i < len(w_used) else 0.0
                 up_i += 1
                 nodes.append(
                     NodeObservation(
@@ -463,14 +495,14 @@ class Engine:
                     )
                 )
         for i, n in enumerate(run.ps):
-            if n.down_until <= t and run.p_used.size:
+            if n.down_until <= t and p_used:
                 nodes.append(
                     NodeObservation(
                         Role.PS,
                         n.node_id,
                         NodeState.RUNNING,
                         n.res,
-                        int(float(run.p_used[i]) * 1000),
+                        int(p_used[i] * 1000),
                         int(pmem[i]),
                         run.config_since,
                     )
@@ -551,26 +583,56 @@ class Engine:
                 )
             )
 
+    def relaunch_rule(
+        self, node_role: Role, cls: ExitClass, current: NodeResources, planned: NodeResources,
+        relaunches: dict[str, int],
+    ) -> tuple[str, int, FaultRuling]:  # fmt: skip
+        """The runtime's rule for an exit: (the budget key, relaunches under it so far, the
+        ruling). The policy only chooses *how* to relaunch a node the rule lets go on."""
+        key = cls.value
+        tries = relaunches.get(key, 0)
+        return key, tries, self.cfg.faults.decide(node_role, cls, current, planned, tries)
+
     def _node_exit(self, run: _Run, node: _Node, cls: ExitClass, t: float) -> None:
         if cls is ExitClass.OOM:
             run.oom_count += 1
-        if cls is ExitClass.FATAL:
-            self._finish(run, t, False, "fatal code error")
-            return
         assert run.plan is not None
-        if node.restarts >= self.cfg.max_relaunches:
-            dec = RelaunchDecision(False, reason="relaunch budget exhausted")
+        planned = run.plan.node_resources(node.role, node.node_id)
+        key, tries, rule = self.relaunch_rule(node.role, cls, node.res, planned, node.relaunches)
+        if rule.fail_job:
+            self._finish(
+                run, t, False, f"{node.role.value}-{node.node_id} lost ({cls.value}: {rule.reason})"
+            )
+            return
+        if not rule.relaunch:
+            dec = RelaunchDecision(False, reason=rule.reason)
         else:
             dec = self.policy.on_node_exit(
-                run.view, node.role, node.node_id, cls, node.res, run.plan, node.restarts
+                run.view, node.role, node.node_id, cls, node.res, run.plan, tries
             )
+            new_res = dec.resources or node.res
+            if (
+                cls is ExitClass.OOM
+                and dec.plan is None
+                and dec.relaunch
+                and new_res.memory_mib <= node.res.memory_mib
+            ):
+                # a policy that relaunches an OOM node without more memory (the runtime always
+                # bumps it) would crash-loop: such retries spend the UNKNOWN-exit budget
+                key = "oom-same-memory"
+                tries = node.relaunches.get(key, 0)
+                if tries >= self.cfg.faults.max_relaunches:
+                    dec = RelaunchDecision(
+                        False,
+                        reason=f"OOM relaunched without more memory {tries} times: budget spent",
+                    )
         if dec.plan is not None and self._valid(run, dec.plan):
-            node.restarts += 1
-            restarts = node.restarts
+            node.relaunches[key] = tries + 1
+            counts = dict(node.relaunches)
             if self._apply(run, dec.plan, t):
                 group = run.workers if node.role is Role.WORKER else run.ps
                 if node.node_id < len(group):
-                    group[node.node_id].restarts = restarts
+                    group[node.node_id].relaunches = counts
                     if group[node.node_id] is node:
                         node.down_until = t + self.cfg.relaunch_delay_s
                         node.down_since = t
@@ -579,7 +641,7 @@ class Engine:
                 return
         if dec.relaunch or (dec.plan is not None):
             new_res = dec.resources or node.res
-            node.restarts += 1
+            node.relaunches[key] = tries + 1
             self._new_window(run, t)
             if new_res != node.res:
                 d_cpu = new_res.cpu_millicores - node.res.cpu_millicores
@@ -705,8 +767,7 @@ class Engine:
                 self._node_exit(run, n, ExitClass.OOM, t)
                 return
         if run.ps_all_up:
-            limits = np.array([n.res.memory_mib for n in run.ps], dtype=np.float64)
-            n_oom = truth.ps_oom_samples_each(len(run.ps), limits)
+            n_oom = self._ps_oom_each(run)
             i = int(np.argmin(n_oom))
             if run.done >= n_oom[i] * (1 - 1e-9) - 1e-6:
                 self._node_exit(run, run.ps[i], ExitClass.OOM, t)

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlrover_core.errors import DLRoverError
-from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy, ps_oom_action
+from dlrover_core.faults import (
+    DEFAULT_FAULT_POLICY,
+    ExitClass,
+    FaultPolicy,
+    PsOomAction,
+    ps_oom_action,
+)
 from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
 from dlrover_core.planner.planner import default_model_factory
@@ -134,10 +140,16 @@ class DLRoverRMPolicy:
                 fresh = True
         if fresh and len(st.samples) > 4 * PER_CONFIG:
             st.samples = _bounded(st.samples)
-        d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
-        st.next_check_s = d.next_check_s
+        if st.next_check_s is not None and now_s < st.next_check_s:
+            # stage 2 said nothing can change before then without new evidence: only the
+            # stage-3 watch (hot, pending, memory-bound nodes) runs in between
+            d = st.planner.monitor(current, observations, now_s, st.plans)
+        else:
+            d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
+            st.next_check_s = d.next_check_s
         if d.plan is not None:
             st.plans.append(d.plan)
+            st.next_check_s = None  # a new configuration: stage 2 looks at it afresh
         return d.plan
 
     def next_call_s(self, job: JobView, now_s: float) -> float | None:
@@ -162,13 +174,27 @@ class DLRoverRMPolicy:
         relaunches: int,
     ) -> RelaunchDecision:
         st = self._job(job)
-        if role is Role.PS and exit_class is ExitClass.OOM and len(st.ps_memory_seen) > 1:
-            act = ps_oom_action(list(st.ps_memory_seen.values()), self.faults)
+        st.next_check_s = None  # an exit is new evidence: the next call re-plans in full
+        rule = self.faults.decide(
+            role, exit_class, current, plan.node_resources(role, node_id), relaunches
+        )
+        if role is Role.PS and exit_class is ExitClass.OOM and rule.relaunch:
+            # the runtime's PS-OOM rule (controller._ps_oom): the PS memory seen, the OOMed
+            # one at least at its limit; more PS at the PS cap become more memory per PS
+            seen = dict(st.ps_memory_seen)
+            seen[node_id] = max(seen.get(node_id, 0), current.memory_mib)
+            act = ps_oom_action([float(v) for v in seen.values()], self.faults)
             new_ps = act.apply(plan.ps, memory_cap_mib=self.faults.oom_cap_mib)
-            if new_ps.count > plan.ps.count and not (
-                plan.total + new_ps.resources * (new_ps.count - plan.ps.count)
-            ).fits_in(st.planner.bounds.quota):
-                new_ps = plan.ps  # no room for more PS: fall back to the memory bump below
+            cap = st.planner.bounds.ps.max_count or new_ps.count
+            if act.action is PsOomAction.MORE_PS and min(new_ps.count, cap) == plan.ps.count:
+                mem = min(self.faults.oom_cap_mib, plan.ps.resources.memory_mib * 2)
+                new_ps = dataclasses.replace(
+                    plan.ps, resources=dataclasses.replace(new_ps.resources, memory_mib=mem)
+                )
+            elif act.action is PsOomAction.MORE_PS:
+                new_ps = dataclasses.replace(new_ps, count=min(new_ps.count, cap))
+            if not plan.replace(ps=new_ps).total.fits_in(st.planner.bounds.quota):
+                new_ps = plan.ps  # no room in the quota: fall back to the node's memory bump
             if new_ps != plan.ps:
                 new = plan.replace(
                     ps=new_ps,
@@ -178,9 +204,7 @@ class DLRoverRMPolicy:
                 )
                 st.plans.append(new)
                 return RelaunchDecision(True, None, new, act.reason)
-        d = self.faults.decide(
-            role, exit_class, current, plan.node_resources(role, node_id), relaunches
-        )
+        d = rule
         if not d.relaunch:
             return RelaunchDecision(False, None, None, d.reason)
         return RelaunchDecision(True, d.resources, None, d.reason)

@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from dlrover_core.spec import JobSpec, parse_spec
+from dlrover_core.units import format_cpu, format_memory
 
 if TYPE_CHECKING:
     from dlrover_core.sim.policies import JobView
@@ -33,7 +34,11 @@ def job_view_to_spec(view: JobView, **pacing: float) -> JobSpec:
         },
         "data": {"rows": view.rows},
         "training": {"batch_size": view.batch_size, "epochs": max(1, view.epochs)},
-        "quota": {"cpu": view.quota.cpu_millicores / 1000, "memory": view.quota.memory_mib},
+        # quantities with their unit: a bare memory number is bytes at the user boundary
+        "quota": {
+            "cpu": format_cpu(view.quota.cpu_millicores),
+            "memory": format_memory(view.quota.memory_mib),
+        },
         "constraints": {"workers": {"min": 1, "max": 256}, "ps": {"min": 1, "max": 15}},
         "pacing": {**SIM_PACING, **pacing},
     }

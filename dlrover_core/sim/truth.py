@@ -36,6 +36,10 @@ _ORACLE_W = np.array(
 )
 _ORACLE_P = np.array([*list(range(1, 17)), 20, 24, 32], dtype=np.float64)
 _ORACLE_CPU = np.array([1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32], dtype=np.float64)
+# allocated cores of every grid configuration, (W, Lw, P, Lp): the same for every job
+_ORACLE_CORES = (_ORACLE_W[:, None] * _ORACLE_CPU[None, :])[:, :, None, None] + (
+    _ORACLE_P[:, None] * _ORACLE_CPU[None, :]
+)[None, None, :, :]
 ORACLE_EFFICIENCY_KEEP = 0.8  # oracle: fastest config keeping >= 80% of the best per-core rate
 MEMORY_MARGIN = 1.1  # oracle's memory headroom over the true end-of-training peak
 
@@ -83,6 +87,7 @@ class JobTruth:
     smooth_k: float = 4.0
     noise_sigma: float = 0.05  # multiplicative measurement noise of throughput
     _shares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
+    _mshares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
     _oracle: dict[tuple[int, int], OracleConfig] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -98,7 +103,10 @@ class JobTruth:
         return s
 
     def memory_shares(self, p: int) -> FloatArray:
-        return 0.5 * self.load_shares(p) + 0.5 / p
+        s = self._mshares.get(p)
+        if s is None:
+            s = self._mshares[p] = 0.5 * self.load_shares(p) + 0.5 / p
+        return s
 
     def max_share(self, p: int) -> float:
         return float(self.load_shares(p).max())
@@ -223,22 +231,24 @@ class JobTruth:
         xps = np.asarray(self.eff_ps(lp))[None, :] / (self.c_p * maxs[:, None])  # (P, Lp)
         xnet = self.ps_bandwidth_bps / (self.net_bytes_per_sample * maxs)  # (P,)
         k = self.smooth_k
+        # the powers on the small per-role grids, then one broadcast sum (same values)
         inv = (
-            np.maximum(xw, 1e-12)[:, :, None, None] ** -k
-            + np.maximum(xps, 1e-12)[None, None, :, :] ** -k
+            (np.maximum(xw, 1e-12) ** -k)[:, :, None, None]
+            + (np.maximum(xps, 1e-12) ** -k)[None, None, :, :]
             + (xnet**-k)[None, None, :, None]
         )
-        x = inv ** (-1.0 / k)
-        cores = (w[:, None] * lw[None, :])[:, :, None, None] + (p[:, None] * lp[None, :])[
-            None, None, :, :
-        ]
+        cores = _ORACLE_CORES
         mem = (w * wmem)[:, None, None, None] + (p * pmem)[None, None, :, None]
         ok = (cores <= quota_cpu_cores + 1e-9) & (mem <= quota_memory_mib)
         if not ok.any():
             ok = cores == cores.min()
-        per_core = np.where(ok, x / cores, 0.0)
-        good = ok & (per_core >= ORACLE_EFFICIENCY_KEEP * per_core.max())
-        idx = np.unravel_index(int(np.argmax(np.where(good, x, -1.0))), x.shape)
+        # throughput only where the configuration fits (flat order kept: the first best wins)
+        where = np.flatnonzero(ok)
+        x_ok = inv.ravel()[where] ** (-1.0 / k)
+        per_core = x_ok / cores.ravel()[where]
+        good = per_core >= ORACLE_EFFICIENCY_KEEP * per_core.max()
+        best = int(np.argmax(np.where(good, x_ok, -1.0)))
+        idx = np.unravel_index(int(where[best]), inv.shape)
         iw, ilw, ip, ilp = (int(i) for i in idx)
         cfg = OracleConfig(
             workers=int(w[iw]),
@@ -247,7 +257,7 @@ class JobTruth:
             ps_cpu_cores=float(lp[ilp]),
             worker_memory_mib=int(wmem),
             ps_memory_mib=int(pmem[ip]),
-            throughput_sps=float(x[iw, ilw, ip, ilp]),
+            throughput_sps=float(x_ok[best]),
         )
         self._oracle[key] = cfg
         return cfg
