@@ -129,8 +129,9 @@ def test_killed_master_resumes_without_losing_or_repeating_a_shard(tmp_path: Pat
 
 def test_planner_adds_a_ps_and_a_worker_while_the_job_runs(tmp_path: Path) -> None:
     """Real planner, small pacing: its sampling stage adds a PS (the PS set is re-sharded from
-    checkpoints) and a worker, in the order it chooses. CPUs are pinned so no worker is resized (a resize would
-    restart it); worker-0 must never restart and the new worker must start work quickly."""
+    checkpoints) and a worker, in the order it chooses. CPUs are pinned so no worker is resized
+    (a resize would restart it); worker-0 must never restart and the new worker must start work
+    quickly."""
     overrides = [
         "data.rows=1000000",
         "pacing.sample_window_s=1.0",
