@@ -322,6 +322,12 @@ class TrainingSpec(_Strict):
     transfer: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="precision of embedding rows and gradients on the wire"
     )
+    seed: int | None = Field(
+        default=0,
+        ge=0,
+        le=2**32 - 1,
+        description="seed of the dense parameters' initial values (null: a random start)",
+    )
 
     @field_validator("steps")
     @classmethod

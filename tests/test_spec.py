@@ -420,3 +420,14 @@ def test_spec_memory_round_trips_as_a_quantity() -> None:
     assert spec.quota.memory_mib == 3072
     assert spec_to_dict(spec)["quota"]["memory"] == "3Gi"
     assert load_spec(spec_to_dict(spec)) == spec
+
+
+def test_training_seed_is_a_non_negative_int_or_null() -> None:
+    from dlrover_core.errors import SpecError
+    from dlrover_core.spec import load_spec
+    from tests.factories import make_spec_dict
+
+    assert load_spec(make_spec_dict()).training.seed == 0
+    assert load_spec(make_spec_dict(training__seed=None)).training.seed is None
+    with pytest.raises(SpecError, match="training.seed"):
+        load_spec(make_spec_dict(training__seed=-1))

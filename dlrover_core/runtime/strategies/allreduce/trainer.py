@@ -184,6 +184,8 @@ class RankTrainer:
         # tables' init alone took ~0.45 s here); the tower and the row counts real
         with torch.device("meta"):
             model = LocalDLRM(spec.model)
+        if spec.training.seed is not None:
+            torch.manual_seed(spec.training.seed)  # every rank the same dense start
         model.tower = DenseTower(spec.model)
         model._rows = torch.tensor(model.rows, dtype=torch.int64)
         self.keys = list(model.keys)

@@ -614,6 +614,10 @@ class Worker:
             if mib > 0:
                 log.info("allocating %d MiB extra (%s)", mib, ALLOC_ENV)
                 self._ballast = np.ones(mib * 2**20 // 8, dtype=np.float64)  # touches pages
+        if spec.training.seed is not None:
+            # every worker offers the same start (the PS keeps the first one it gets): a run
+            # is reproducible up to the asynchrony of its workers
+            torch.manual_seed(spec.training.seed)
         self.tower = DenseTower(spec.model)
         self.names = feature_keys(spec.model)
         self.rows = table_rows(spec)
