@@ -429,5 +429,5 @@ def test_training_seed_is_a_non_negative_int_or_null() -> None:
 
     assert load_spec(make_spec_dict()).training.seed == 0
     assert load_spec(make_spec_dict(training__seed=None)).training.seed is None
-    with pytest.raises(SpecError, match="training.seed"):
+    with pytest.raises(SpecError, match=r"training\.seed"):
         load_spec(make_spec_dict(training__seed=-1))
