@@ -130,10 +130,9 @@ def test_small_trains_through_kubernetes_ps_oom_killed(
     assert faults.done == ["worker", "ps-oom"]
     classes = [(f["node"], f["exit_class"], f["action"]) for f in report["faults"]]
     assert ("ps-0", "oom", "relaunch") in classes, classes
-    # 0.77 on a quiet machine; one loaded CI-sized run gave 0.668 after the PS OOM (its rows
-    # since the last checkpoint are re-trained by replayed shards, asynchronously): the bound
-    # checks that the model learned, the 0.7 is not met under load
-    assert report["auc"] is not None and report["auc"] > 0.65, report["auc"]
+    # 0.770-0.774 in three runs since the PS applies stale dense gradients with lr/tau and the
+    # dense start is seeded (training.seed); one loaded run before that gave 0.668
+    assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
 
 
 def test_master_restarted_mid_run_resumes_and_adopts_its_pods(
