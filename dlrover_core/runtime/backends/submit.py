@@ -62,6 +62,7 @@ __all__ = [
     "cancel",
     "job_network_policy",
     "master_job",
+    "master_logs",
     "master_service",
     "spec_configmap",
     "state_pvc",
@@ -489,6 +490,34 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
         },
         "nodes": nodes,
     }
+
+
+def master_logs(
+    api_client: k8s.ApiClient, namespace: str, job_name: str, tail_lines: int | None = None
+) -> dict[str, str]:
+    """``{pod: log text}`` of the job's master pods, oldest first (a pod whose container has
+    not started has no log yet and is left out)."""
+    core = k8s.CoreV1Api(api_client)
+    pods = [
+        p
+        for p in _job_pods(api_client, namespace, job_name)
+        if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == MASTER_ROLE
+    ]
+    pods.sort(key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
+    out: dict[str, str] = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        kw: dict[str, Any] = {"_preload_content": False}
+        if tail_lines is not None:
+            kw["tail_lines"] = tail_lines
+        try:
+            resp = core.read_namespaced_pod_log(name, namespace, **kw)
+        except ApiException as exc:
+            if exc.status in (400, 404):  # not started yet, or gone meanwhile
+                continue
+            raise _api_error(f"read the log of pod {name}", exc) from exc
+        out[name] = resp.data.decode("utf-8", errors="replace")
+    return out
 
 
 def _job_pods(api_client: k8s.ApiClient, namespace: str, job_name: str) -> list[dict[str, Any]]:
