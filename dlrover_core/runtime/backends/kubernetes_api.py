@@ -3,6 +3,8 @@ client from in-cluster config or kubeconfig."""
 
 from __future__ import annotations
 
+import os
+
 import json
 import logging
 import socket
@@ -136,7 +138,8 @@ def _default_client() -> k8s.ApiClient:
         config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            # KUBECONFIG read now, not when the client was imported (a long-lived process)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         except (config.ConfigException, OSError) as exc:
             raise InputError(
                 "no Kubernetes API to talk to: not running in a pod and no kubeconfig "
