@@ -9,8 +9,8 @@ official schemas in the tests), in the order they are created:
 2. the token ``Secret`` (``<job>-token``, key ``token``): every node's and the master's gRPC
    endpoint checks it;
 3. the spec ``ConfigMap`` (``<job>-spec``, key ``spec.yaml``) the master reads;
-4. the master ``Service`` (``<job>-master``): a DNS name the nodes keep reaching when the Job
-   replaces the master pod;
+4. the master ``Service`` (``<job>-master``, headless): a DNS name the nodes keep reaching
+   when the Job replaces the master pod;
 5. a ``NetworkPolicy`` (``<job>-isolation``): the job's pods admit traffic only from the job's
    own pods;
 6. the master ``Job`` (``<job>-master``): ``restartPolicy: Never`` with a ``backoffLimit``, so
@@ -201,6 +201,10 @@ def master_service(cfg: MasterConfig) -> dict[str, Any]:
         "kind": "Service",
         "metadata": _meta(cfg, cfg.master_name),
         "spec": {
+            # headless: the name resolves to the master pod's IP, so nodes reach the port the
+            # master actually listens on (it binds an ephemeral one and advertises
+            # <service>:<port>; a ClusterIP would forward only the port declared here)
+            "clusterIP": "None",
             "selector": cfg.labels(),
             "ports": [{"name": "grpc", "port": cfg.port, "targetPort": cfg.port}],
             "publishNotReadyAddresses": True,  # nodes may register before readiness

@@ -191,6 +191,7 @@ def test_submit_objects_shape() -> None:
     assert env["DLROVER_RM_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "small-token"
     svc = objs[3]
     assert svc["spec"]["selector"] == job["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["clusterIP"] == "None"  # headless: any port the master binds is reached
     np = job_network_policy(cfg)
     sel = {"app.kubernetes.io/name": "dlrover-rm", "dlrover-rm/job": "small"}
     assert np["spec"]["podSelector"]["matchLabels"] == sel
