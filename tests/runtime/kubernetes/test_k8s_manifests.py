@@ -128,6 +128,7 @@ def test_rbac_is_least_privilege() -> None:
     sub = grants(roles["dlrover-rm-submitter"])
     assert ("", "secrets") in sub and "get" not in sub[("", "secrets")]
     assert "list" not in sub[("", "secrets")]
+    assert sub[("", "pods/log")] == {"get"}  # the Airflow trigger reads the master's log
     node_sa = next(d for d in docs if d["metadata"]["name"] == "dlrover-rm-node")
     assert node_sa["automountServiceAccountToken"] is False
     bound = {d["metadata"]["name"] for d in docs if d["kind"] == "RoleBinding"}
