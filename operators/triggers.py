@@ -192,7 +192,8 @@ class DLRoverKubernetesJobTrigger(BaseTrigger):
             if lines and not text.endswith("\n") and not final:
                 lines = lines[:-1]
             for line in lines[self._logged.get(pod, 0) :]:
-                self.log.info("%s | %s", pod, line)
+                if line.strip():
+                    self.log.info("%s | %s", pod, line)
             self._logged[pod] = max(self._logged.get(pod, 0), len(lines))
 
     def _event(self, status: str, message: str, report: dict[str, Any] | None) -> TriggerEvent:
