@@ -6,5 +6,5 @@ import sys
 from pathlib import Path
 
 _HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+if _HERE not in sys.path:  # appended: `from conftest import ...` elsewhere must not find this one
+    sys.path.append(_HERE)
