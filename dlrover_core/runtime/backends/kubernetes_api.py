@@ -3,10 +3,9 @@ client from in-cluster config or kubeconfig."""
 
 from __future__ import annotations
 
-import os
-
 import json
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
