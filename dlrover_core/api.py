@@ -217,22 +217,9 @@ def train(
     report's ``model_dir`` says where (None when the export failed: ``export_error`` says why).
     """
     from dlrover_core.runtime.job import train as run_job
-    from dlrover_core.types import ResourcePlan
 
     js = resolve_spec(spec, overrides)
-    rp = None
-    if isinstance(plan, Mapping):
-        try:
-            rp = ResourcePlan.from_dict(dict(plan))
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise InputError(f"the plan given is not a plan from `plan` ({e!r})") from None
-    elif plan is not None:
-        pp = Path(plan)
-        if not pp.exists():
-            raise InputError(
-                f"plan file {str(pp)!r} does not exist; write one with `dlrover-rm plan --out`"
-            )
-        rp = read_plan_file(pp)
+    rp = _resolve_plan(plan)
     return run_job(
         js,
         plan=rp,
@@ -242,6 +229,25 @@ def train(
         history_url=history,
         model_dir=model_dir,
     )
+
+
+def _resolve_plan(plan: str | Path | Mapping[str, Any] | None) -> Any:
+    """A :class:`ResourcePlan` from a plan dict or a plan file (None for None)."""
+    from dlrover_core.types import ResourcePlan
+
+    if plan is None:
+        return None
+    if isinstance(plan, Mapping):
+        try:
+            return ResourcePlan.from_dict(dict(plan))
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise InputError(f"the plan given is not a plan from `plan` ({e!r})") from None
+    pp = Path(plan)
+    if not pp.exists():
+        raise InputError(
+            f"plan file {str(pp)!r} does not exist; write one with `dlrover-rm plan --out`"
+        )
+    return read_plan_file(pp)
 
 
 def export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
@@ -283,10 +289,17 @@ def status(run_dir: str | Path) -> dict[str, Any]:
     return read_status(run_dir)
 
 
-def submit(spec: SpecLike, *, overrides: Iterable[str] = ()) -> dict[str, Any]:
+def submit(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    plan: str | Path | Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Submit the job to Kubernetes: its master as a Job (restarted by the control plane; it
     resumes from its state on the volume), with its Service, token Secret, spec ConfigMap,
-    NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``."""
+    NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``. ``plan`` (a plan dict
+    or a plan file from ``plan``) travels in the ConfigMap and the master trains on it;
+    without one the master plans the job itself."""
     import secrets
 
     import yaml
@@ -296,7 +309,12 @@ def submit(spec: SpecLike, *, overrides: Iterable[str] = ()) -> dict[str, Any]:
     from dlrover_core.spec import spec_to_dict
 
     s = resolve_spec(spec, overrides)
-    cfg = k8s.MasterConfig.from_spec(s, yaml.safe_dump(spec_to_dict(s), sort_keys=False))
+    rp = _resolve_plan(plan)
+    cfg = k8s.MasterConfig.from_spec(
+        s,
+        yaml.safe_dump(spec_to_dict(s), sort_keys=False),
+        plan_json=json.dumps(rp.to_dict(), allow_nan=False) if rp is not None else None,
+    )
     created = k8s.submit(_default_client(), cfg, secrets.token_hex(32))
     return {"job": s.name, "namespace": cfg.namespace, "created": created}
 

@@ -175,14 +175,17 @@ class DLRoverTrainOperator(_DLRoverBase):
     def _submit(self, job: tuple[str, str]) -> None:
         from dlrover_core import api
 
-        if self.plan:
-            self.log.warning("on Kubernetes the job master plans the job itself: plan not used")
         if self.hook.history_url:
             self.log.warning(
                 "on Kubernetes the master reads the spec's history.url; the connection's "
                 "history store is not passed to it"
             )
-        res = api.submit(self.spec, overrides=self.hook.overrides(_overrides(self.overrides)))
+        plan: Any = self.plan or None
+        if isinstance(plan, str) and plan.strip().startswith("{"):
+            plan = json.loads(plan)  # a rendered template
+        res = api.submit(
+            self.spec, overrides=self.hook.overrides(_overrides(self.overrides)), plan=plan
+        )
         self.k8s_job = job
         self.log.info(
             "submitted job %s to namespace %s: %s", job[0], job[1], ", ".join(res["created"])

@@ -62,10 +62,11 @@ def test_dag_trains_on_kubernetes_through_the_api(tmp_path: Path) -> None:
             p for p in c.pods() if p["metadata"]["labels"].get("dlrover-rm/role") == "master"
         ]
         (job,) = c.job_objects()
+        (cm,) = c.server.api.objects_of("configmaps", NAMESPACE)
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
     assert run.returncode == 0 and lines, out[-6000:]
     res = json.loads(lines[-1].removeprefix("RESULT "))
-    assert res["tis"] == {"train": "success"}, out[-6000:]
+    assert res["tis"] == {"plan": "success", "train": "success"}, out[-6000:]
     report = res["report"]
     assert report["state"] == "succeeded", report
     assert report["shards_done"] == report["shards_total"] > 0
@@ -78,6 +79,12 @@ def test_dag_trains_on_kubernetes_through_the_api(tmp_path: Path) -> None:
     assert "Pausing task as DEFERRED" in out  # the train step really deferred
     assert "submitted job small to namespace dlrover" in out
     assert f"{masters[0]['metadata']['name']} | job small succeeded" in out  # the master's log
+    # the plan task's plan travelled to the master in the ConfigMap, and it trained on it
+    plan = json.loads(cm["data"]["plan.json"])
+    assert plan["stage"] == "cold_start" and plan["workers"]["count"] >= 1, plan
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--plan", "/etc/dlrover-rm/plan.json"]
+    assert "plan: cold_start" in out  # the master's progress line names the plan it runs
     # the Job completed with one master pod; every node pod was deleted by the master
     assert [c["type"] for c in job["status"]["conditions"]] == ["SuccessCriteriaMet", "Complete"]
     assert len(masters) == 1 and live == [] and procs == {}, (live, procs)

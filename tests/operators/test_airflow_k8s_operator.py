@@ -5,6 +5,7 @@ on_kill of a fresh operator instance (another worker) cancels by the spec's job 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,31 @@ def test_execute_submits_and_defers_then_a_fresh_instance_cancels(tmp_path: Path
         until(lambda: c.pods(), 30, "the master pod")
         _op().on_kill()  # another process: it knows only the spec
         assert c.job_objects() == [] and c.pods() == []
+
+
+def test_the_plan_travels_to_the_master(tmp_path: Path) -> None:
+    from dlrover_core import api
+
+    plan = api.plan(SPEC, overrides=K8S_OVERRIDES, history="none")
+    with cluster(tmp_path, run_pods=False) as c:
+        with pytest.raises(TaskDeferred):
+            _op(plan=json.dumps(plan)).execute({})  # type: ignore[arg-type]
+        (cm,) = c.server.api.objects_of("configmaps", NAMESPACE)
+        (job,) = c.job_objects()
+    sent = json.loads(cm["data"]["plan.json"])
+    assert sent["workers"] == plan["workers"] and sent["ps"] == plan["ps"]
+    assert sent["stage"] == plan["stage"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-2:] == ["--plan", "/etc/dlrover-rm/plan.json"]
+
+
+def test_a_bad_plan_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    from dlrover_core.errors import InputError
+
+    with cluster(tmp_path, run_pods=False) as c:
+        with pytest.raises(InputError, match="does not exist"):
+            _op(plan=str(tmp_path / "nope.json")).execute({})  # type: ignore[arg-type]
+        assert c.job_objects() == []
 
 
 def test_local_backend_still_runs_locally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,8 @@ official schemas in the tests), in the order they are created:
    or an fsspec URL;
 2. the token ``Secret`` (``<job>-token``, key ``token``): every node's and the master's gRPC
    endpoint checks it;
-3. the spec ``ConfigMap`` (``<job>-spec``, key ``spec.yaml``) the master reads;
+3. the spec ``ConfigMap`` (``<job>-spec``, key ``spec.yaml``, and ``plan.json`` when a plan
+   is given) the master reads;
 4. the master ``Service`` (``<job>-master``, headless): a DNS name the nodes keep reaching
    when the Job replaces the master pod;
 5. a ``NetworkPolicy`` (``<job>-isolation``): the job's pods admit traffic only from the job's
@@ -103,6 +104,7 @@ class MasterConfig:
     ttl_after_finished_s: int = 7 * 86400
     pvc_size: str = "20Gi"
     storage_class: str | None = None
+    plan_json: str | None = None  # a plan from `plan` (None: the master plans the job itself)
 
     @classmethod
     def from_spec(cls, spec: Any, spec_yaml: str, **overrides: Any) -> MasterConfig:
@@ -191,7 +193,10 @@ def spec_configmap(cfg: MasterConfig) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(cfg, cfg.spec_name),
-        "data": {"spec.yaml": cfg.spec_yaml},
+        "data": {
+            "spec.yaml": cfg.spec_yaml,
+            **({"plan.json": cfg.plan_json} if cfg.plan_json else {}),
+        },
     }
 
 
@@ -277,6 +282,7 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
             f"{SPEC_MOUNT_PATH}/spec.yaml",
             "--run-dir",
             run_dir,
+            *(["--plan", f"{SPEC_MOUNT_PATH}/plan.json"] if cfg.plan_json else []),
         ],
         "env": env,
         "ports": [{"name": "grpc", "containerPort": cfg.port}],

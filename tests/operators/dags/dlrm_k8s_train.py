@@ -1,7 +1,7 @@
-"""A one-step DAG for the Kubernetes test: train ``small.yaml`` with ``backend.kind:
-kubernetes`` (the job master runs as a Kubernetes Job; the task defers on the trigger that
-watches it through the API). The example DAG's profile step runs trials on the worker, which
-a Kubernetes run does not need; the master plans the job itself.
+"""A plan → train DAG for the Kubernetes test: plan ``small.yaml``, then train it with
+``backend.kind: kubernetes`` on that plan (the job master runs as a Kubernetes Job, the plan
+in its ConfigMap; the task defers on the trigger that watches it through the API). The
+example DAG's profile step runs trials on the Airflow worker, which is left out here.
 
 Params: ``overrides`` (spec overrides, the backend's among them), ``poll_interval``."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
-from operators.operators import DLRoverTrainOperator
+from operators.operators import DLRoverPlanOperator, DLRoverTrainOperator
 
 SPEC = str(Path(__file__).resolve().parents[3] / "pipelines" / "specs" / "small.yaml")
 
@@ -23,10 +23,19 @@ with DAG(
     catchup=False,
     params={"overrides": Param([], type="array", items={"type": "string"})},
 ) as dag:
-    DLRoverTrainOperator(
+    plan = DLRoverPlanOperator(
+        task_id="plan",
+        spec=SPEC,
+        overrides=r"{{ params.overrides | join('\n') }}",
+        history="none",
+        dlrover_conn_id=None,
+    )
+    train = DLRoverTrainOperator(
         task_id="train",
         spec=SPEC,
         overrides=r"{{ params.overrides | join('\n') }}",
+        plan=plan.output,
         poll_interval=1.0,
         dlrover_conn_id=None,
     )
+    plan >> train
