@@ -43,7 +43,7 @@ def _master_pods(c: Cluster) -> list[str]:
 
 def _end_pod(c: Cluster, name: str, phase: str) -> None:
     k8s.CoreV1Api(c.server.client()).patch_namespaced_pod_status(
-        name, NAMESPACE, {"status": {"phase": phase}}
+        name, NAMESPACE, {"status": {"phase": phase}}, _preload_content=False
     )
 
 
@@ -125,6 +125,58 @@ def test_a_failed_job_fails_with_the_master_failure(tmp_path: Path) -> None:
         assert {x["type"] for x in job["status"]["conditions"]} >= {"Failed"}
     assert ev.payload["status"] == "failed"
     assert "every line malformed" in ev.payload["message"]
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "disrupted", "masters"),
+    [(1, False, 1), (2, False, 1), (3, False, 7), (1, True, 2), (3, True, 8)],
+)
+def test_the_master_failure_policy(
+    tmp_path: Path, exit_code: int, disrupted: bool, masters: int
+) -> None:
+    """A master that failed the job (exit 1) or its input (2) fails the Job at once; a bug
+    (3) is retried up to backoffLimit; a disrupted master pod (eviction) is not counted."""
+    report = {"job": JOB, "state": "failed", "failure": "the data is unusable"}
+    with cluster(tmp_path, run_pods=False, interval_s=0.05) as c:
+        api.submit(SPEC, overrides=K8S_OVERRIDES)
+        core = k8s.CoreV1Api(c.server.client())
+        stop = threading.Event()
+
+        def end_masters() -> None:
+            ended: set[str] = set()
+            while not stop.is_set():
+                for pod in _master_pods(c):
+                    if pod in ended:
+                        continue
+                    (tmp_path / "logs").mkdir(exist_ok=True)
+                    (tmp_path / "logs" / f"{pod}.log").write_text(api.report_line(report) + "\n")
+                    first = not ended
+                    term = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+                    status: dict[str, Any] = {
+                        "phase": "Failed",
+                        "containerStatuses": [{"name": "master", "state": term}],
+                    }
+                    if disrupted and first:  # evicted: then it fails for real, every time
+                        status["conditions"] = [{"type": "DisruptionTarget", "status": "True"}]
+                    core.patch_namespaced_pod_status(
+                        pod, NAMESPACE, {"status": status}, _preload_content=False
+                    )
+                    ended.add(pod)
+                stop.wait(0.05)
+
+        t = threading.Thread(target=end_masters, daemon=True)
+        t.start()
+        try:
+            (ev,) = _events(DLRoverKubernetesJobTrigger(JOB, NAMESPACE, 0.05))
+        finally:
+            stop.set()
+            t.join()
+        (job,) = c.job_objects()
+    assert ev.payload["status"] == "failed"
+    assert "the data is unusable" in ev.payload["message"]
+    assert job["status"]["failed"] == masters, job["status"]
+    reason = "BackoffLimitExceeded" if exit_code == 3 else "PodFailurePolicy"
+    assert {x["reason"] for x in job["status"]["conditions"]} == {reason}
 
 
 def test_a_cancelled_job_ends_the_wait(tmp_path: Path) -> None:

@@ -236,6 +236,34 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+JOB_FAILED_EXIT_CODES = (1, 2)
+"""``dlrover-rm train`` exits 1 when the job failed (its report says why) and 2 on bad input:
+deterministic, a new master pod would fail the same way. 3 (a bug), signals (137, 143) and
+evictions are retried by the Job."""
+
+
+def master_failure_policy() -> dict[str, Any]:
+    """The master Job's ``podFailurePolicy``: a disrupted master pod (eviction, preemption,
+    node drain: ``DisruptionTarget``) is replaced without counting against ``backoffLimit``;
+    a master that failed the job or refused its input ends the Job at once."""
+    return {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": "master",
+                    "operator": "In",
+                    "values": list(JOB_FAILED_EXIT_CODES),
+                },
+            },
+        ]
+    }
+
+
 def master_job(cfg: MasterConfig) -> dict[str, Any]:
     """The master as a Job: one pod at a time, replaced up to ``backoff_limit`` times."""
     run_dir = f"{cfg.state_mount_path}/runs/{cfg.job_name}"
@@ -299,6 +327,7 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
         "metadata": _meta(cfg, cfg.master_name),
         "spec": {
             "backoffLimit": cfg.backoff_limit,
+            "podFailurePolicy": master_failure_policy(),
             "ttlSecondsAfterFinished": cfg.ttl_after_finished_s,
             "template": {
                 "metadata": {"labels": cfg.labels()},

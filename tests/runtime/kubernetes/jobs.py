@@ -8,8 +8,12 @@ API and, for each Job not yet finished:
   (not Succeeded/Failed), succeeded, failed;
 - one succeeded pod: the Job gets ``Complete=True`` (and ``SuccessCriteriaMet``), a
   ``completionTime``;
-- more failed pods than ``spec.backoffLimit`` (default 6): ``Failed=True`` with reason
-  ``BackoffLimitExceeded`` (and ``FailureTarget``), its active pods deleted;
+- a failed pod matching a ``spec.podFailurePolicy`` rule, in order: ``Ignore`` (it does not
+  count against the backoff limit), ``FailJob`` (``Failed=True``, reason ``PodFailurePolicy``),
+  ``Count``; rules match ``onExitCodes`` (``In``/``NotIn``, optional ``containerName``) or
+  ``onPodConditions``;
+- more counted failed pods than ``spec.backoffLimit`` (default 6): ``Failed=True`` with
+  reason ``BackoffLimitExceeded`` (and ``FailureTarget``), its active pods deleted;
 - otherwise, no active pod: a new pod from ``spec.template`` named ``<job>-<5 chars>``, with
   the template's labels plus ``job-name``/``batch.kubernetes.io/job-name`` and
   ``controller-uid``/``batch.kubernetes.io/controller-uid``, and a controller owner reference
@@ -17,7 +21,7 @@ API and, for each Job not yet finished:
 - writes ``status`` (active, succeeded, failed, startTime, conditions) through the ``status``
   subresource when it changed.
 
-What it is not: no parallelism/completions above 1, no podFailurePolicy, no backoff delay
+What it is not: no parallelism/completions above 1, no backoff delay
 between pod retries, no ``ttlSecondsAfterFinished`` clean-up, no suspend.
 """
 
@@ -59,6 +63,31 @@ def _condition(kind: str, reason: str, message: str) -> dict[str, Any]:
         "lastProbeTime": now,
         "lastTransitionTime": now,
     }
+
+
+def _policy_action(policy: dict[str, Any] | None, pod: dict[str, Any]) -> str:
+    """What a Job's ``podFailurePolicy`` does with one failed pod: the first matching rule's
+    action, else ``Count``."""
+    status = pod.get("status") or {}
+    conds = {c.get("type") for c in status.get("conditions") or [] if c.get("status") == "True"}
+    codes = {
+        cs.get("name"): ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+        for cs in status.get("containerStatuses") or []
+    }
+    for rule in (policy or {}).get("rules") or []:
+        on_codes = rule.get("onExitCodes")
+        if on_codes:
+            name = on_codes.get("containerName")
+            values = set(on_codes.get("values") or [])
+            seen = [c for n, c in codes.items() if c not in (None, 0) and name in (None, n)]
+            if on_codes.get("operator") == "In" and any(c in values for c in seen):
+                return str(rule["action"])
+            if on_codes.get("operator") == "NotIn" and any(c not in values for c in seen):
+                return str(rule["action"])
+        for pc in rule.get("onPodConditions") or []:
+            if pc.get("type") in conds:
+                return str(rule["action"])
+    return "Count"
 
 
 class JobControllerStandIn:
@@ -130,6 +159,12 @@ class JobControllerStandIn:
         phases = [(p.get("status") or {}).get("phase") for p in pods]
         succeeded = phases.count("Succeeded")
         failed = phases.count("Failed")
+        actions = [
+            _policy_action(spec.get("podFailurePolicy"), p)
+            for p, ph in zip(pods, phases, strict=True)
+            if ph == "Failed"
+        ]
+        counted = sum(1 for a in actions if a != "Ignore")
         active = [
             p for p, ph in zip(pods, phases, strict=True) if ph not in ("Succeeded", "Failed")
         ]
@@ -148,11 +183,15 @@ class JobControllerStandIn:
                     "Complete", "CompletionsReached", "Reached expected number of succeeded pods"
                 ),
             ]
-        elif failed > backoff:
-            msg = "Job has reached the specified backoff limit"
+        elif "FailJob" in actions or counted > backoff:
+            reason, msg = (
+                ("PodFailurePolicy", "Container master for pod failed with a FailJob exit code")
+                if "FailJob" in actions
+                else ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            )
             new_conditions = [
-                _condition("FailureTarget", "BackoffLimitExceeded", msg),
-                _condition("Failed", "BackoffLimitExceeded", msg),
+                _condition("FailureTarget", reason, msg),
+                _condition("Failed", reason, msg),
             ]
             for p in active:
                 with contextlib.suppress(ApiException):
