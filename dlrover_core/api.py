@@ -217,22 +217,9 @@ def train(
     report's ``model_dir`` says where (None when the export failed: ``export_error`` says why).
     """
     from dlrover_core.runtime.job import train as run_job
-    from dlrover_core.types import ResourcePlan
 
     js = resolve_spec(spec, overrides)
-    rp = None
-    if isinstance(plan, Mapping):
-        try:
-            rp = ResourcePlan.from_dict(dict(plan))
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise InputError(f"the plan given is not a plan from `plan` ({e!r})") from None
-    elif plan is not None:
-        pp = Path(plan)
-        if not pp.exists():
-            raise InputError(
-                f"plan file {str(pp)!r} does not exist; write one with `dlrover-rm plan --out`"
-            )
-        rp = read_plan_file(pp)
+    rp = _resolve_plan(plan)
     return run_job(
         js,
         plan=rp,
@@ -242,6 +229,25 @@ def train(
         history_url=history,
         model_dir=model_dir,
     )
+
+
+def _resolve_plan(plan: str | Path | Mapping[str, Any] | None) -> Any:
+    """A :class:`ResourcePlan` from a plan dict or a plan file (None for None)."""
+    from dlrover_core.types import ResourcePlan
+
+    if plan is None:
+        return None
+    if isinstance(plan, Mapping):
+        try:
+            return ResourcePlan.from_dict(dict(plan))
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise InputError(f"the plan given is not a plan from `plan` ({e!r})") from None
+    pp = Path(plan)
+    if not pp.exists():
+        raise InputError(
+            f"plan file {str(pp)!r} does not exist; write one with `dlrover-rm plan --out`"
+        )
+    return read_plan_file(pp)
 
 
 def export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
@@ -283,10 +289,17 @@ def status(run_dir: str | Path) -> dict[str, Any]:
     return read_status(run_dir)
 
 
-def submit(spec: SpecLike, *, overrides: Iterable[str] = ()) -> dict[str, Any]:
+def submit(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    plan: str | Path | Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Submit the job to Kubernetes: its master as a Job (restarted by the control plane; it
     resumes from its state on the volume), with its Service, token Secret, spec ConfigMap,
-    NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``."""
+    NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``. ``plan`` (a plan dict
+    or a plan file from ``plan``) travels in the ConfigMap and the master trains on it;
+    without one the master plans the job itself."""
     import secrets
 
     import yaml
@@ -296,7 +309,12 @@ def submit(spec: SpecLike, *, overrides: Iterable[str] = ()) -> dict[str, Any]:
     from dlrover_core.spec import spec_to_dict
 
     s = resolve_spec(spec, overrides)
-    cfg = k8s.MasterConfig.from_spec(s, yaml.safe_dump(spec_to_dict(s), sort_keys=False))
+    rp = _resolve_plan(plan)
+    cfg = k8s.MasterConfig.from_spec(
+        s,
+        yaml.safe_dump(spec_to_dict(s), sort_keys=False),
+        plan_json=json.dumps(rp.to_dict(), allow_nan=False) if rp is not None else None,
+    )
     created = k8s.submit(_default_client(), cfg, secrets.token_hex(32))
     return {"job": s.name, "namespace": cfg.namespace, "created": created}
 
@@ -316,6 +334,59 @@ def cancel(job: str, namespace: str = "default") -> dict[str, Any]:
     from dlrover_core.runtime.backends.kubernetes_api import _default_client
 
     return {"job": job, "deleted": k8s.cancel(_default_client(), namespace, job)}
+
+
+REPORT_LINE = "DLROVER-RM-REPORT"
+"""The prefix of the one stdout line ``dlrover-rm train`` prints in a pod: a caller that sees
+only the Kubernetes API (the Airflow trigger) reads the job's result from the pod log."""
+
+REPORT_LINE_FIELDS = (
+    "job", "state", "failure", "auc", "samples_done", "samples_total", "shards_done",
+    "shards_total", "shards_completed_twice", "shards_lost", "throughput_sps", "wall_s",
+    "model_dir", "export_error", "run_dir", "history_run_id",
+)  # fmt: skip
+
+
+def report_line(report: Mapping[str, Any]) -> str:
+    """``DLROVER-RM-REPORT {compact JSON}``: the report's summary, valid JSON (no NaN)."""
+    from dlrover_core.runtime.report import json_safe
+
+    summary = {k: json_safe(report.get(k)) for k in REPORT_LINE_FIELDS if k in report}
+    return f"{REPORT_LINE} " + json.dumps(summary, separators=(",", ":"), allow_nan=False)
+
+
+def in_master_pod() -> bool:
+    """Whether this process is a job master in a pod ``dlrover-rm submit`` created (its
+    downward-API pod name is set)."""
+    import os
+
+    from dlrover_core.runtime.backends.kubernetes_pods import ENV_POD_NAME
+
+    return bool(os.environ.get(ENV_POD_NAME))
+
+
+def parse_report_line(log_text: str) -> dict[str, Any] | None:
+    """The last ``DLROVER-RM-REPORT`` line of a log, parsed; None when there is none."""
+    for line in reversed(log_text.splitlines()):
+        if line.startswith(REPORT_LINE + " "):
+            try:
+                out = json.loads(line[len(REPORT_LINE) + 1 :])
+            except ValueError:
+                continue
+            if isinstance(out, dict):
+                return out
+    return None
+
+
+def master_logs(
+    job: str, namespace: str = "default", tail_lines: int | None = None
+) -> dict[str, str]:
+    """The log of every master pod of a submitted job (oldest first: the Job replaces a
+    master pod that died), read through the Kubernetes API; a pod not started yet has none."""
+    from dlrover_core.runtime.backends import submit as k8s
+    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+
+    return k8s.master_logs(_default_client(), namespace, job, tail_lines)
 
 
 def profile(

@@ -110,6 +110,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         print(f"model: {report['model_dir']} (model.pt, model_card.json)")
     elif report.get("export_error"):
         print(f"model not exported: {report['export_error']}", file=sys.stderr)
+    if api.in_master_pod():  # the result for callers that see only the API (the pod log)
+        print(api.report_line(report), flush=True)
     return 0 if report["state"] == "succeeded" else 1
 
 

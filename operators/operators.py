@@ -7,6 +7,13 @@ operator the plan dict, the train operator the job's report dict.
 as a detached process (its own session, so it outlives the worker slot and can be stopped as a
 group), records ``{pid, hostname}`` in ``RUN_DIR/airflow-job.json`` and defers to
 ``DLRoverJobTrigger``; ``execute_complete`` returns the report or raises on a failed job.
+
+With ``backend.kind: kubernetes`` (in the spec, the operator's overrides or the connection's
+``backend``) ``execute`` instead submits the job's master as a Kubernetes Job
+(``dlrover_core.api.submit``) and defers to ``DLRoverKubernetesJobTrigger``, which watches it
+through the Kubernetes API from any triggerer and streams the master's log into the task log;
+the worker and the triggerer need only a kubeconfig or an in-cluster service account.
+``on_kill`` (and the trigger's ``on_kill``) cancel the job (``dlrover_core.api.cancel``).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
 from operators.hooks import DLRoverHook
-from operators.triggers import DLRoverJobTrigger
+from operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
 
 JOB_FILE = "airflow-job.json"
 PLAN_FILE = "airflow-plan.json"
@@ -158,7 +165,43 @@ class DLRoverTrainOperator(_DLRoverBase):
             return str(path)
         return str(plan) if plan else None
 
+    def _kubernetes_job(self) -> tuple[str, str] | None:
+        """``(job, namespace)`` when the spec (after every override) runs on Kubernetes."""
+        from dlrover_core import api
+
+        js = api.resolve_spec(self.spec, self.hook.overrides(_overrides(self.overrides)))
+        return (js.name, js.backend.namespace) if js.backend.kind == "kubernetes" else None
+
+    def _submit(self, job: tuple[str, str]) -> None:
+        from dlrover_core import api
+
+        if self.hook.history_url:
+            self.log.warning(
+                "on Kubernetes the master reads the spec's history.url; the connection's "
+                "history store is not passed to it"
+            )
+        plan: Any = self.plan or None
+        if isinstance(plan, str) and plan.strip().startswith("{"):
+            plan = json.loads(plan)  # a rendered template
+        res = api.submit(
+            self.spec, overrides=self.hook.overrides(_overrides(self.overrides)), plan=plan
+        )
+        self.k8s_job = job
+        self.log.info(
+            "submitted job %s to namespace %s: %s", job[0], job[1], ", ".join(res["created"])
+        )
+        self.defer(
+            trigger=DLRoverKubernetesJobTrigger(
+                job[0], job[1], float(self.poll_interval), start_timeout=self.start_timeout
+            ),
+            method_name="execute_complete",
+        )
+
     def execute(self, context: Context) -> None:
+        job = self._kubernetes_job()
+        if job is not None:
+            self._submit(job)
+            return
         rd = Path(self.run_dir or _default_path(context, "run"))
         rd.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "dlrover_core.cli", "--log-level", "info"]
@@ -207,12 +250,22 @@ class DLRoverTrainOperator(_DLRoverBase):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         status, report = event.get("status"), event.get("report")
+        where = (
+            f"{event['job']} in namespace {event.get('namespace')}"
+            if event.get("job")
+            else f"in {event.get('run_dir')}"
+        )
         if status != "succeeded":
             raise AirflowException(
-                f"DLRover-RM job in {event.get('run_dir')} {status}: "
+                f"DLRover-RM job {where} {status}: "
                 f"{(report or {}).get('failure') or event.get('message')}"
             )
         report = dict(report or {})
+        if event.get("job"):  # on Kubernetes: the model is on the job's state volume
+            if report.get("model_dir"):
+                context["ti"].xcom_push(key="model_dir", value=str(report["model_dir"]))
+            self.log.info("job succeeded: %s", json.dumps(report)[:2000])
+            return report
         model_dir = Path(str(event.get("run_dir") or report.get("run_dir") or "")) / "model"
         if (model_dir / "model_card.json").exists():
             report["model_dir"] = str(model_dir)
@@ -221,8 +274,21 @@ class DLRoverTrainOperator(_DLRoverBase):
         return report
 
     def on_kill(self) -> None:
-        """Stop the job: SIGTERM the master's process group, then its nodes' groups (the
-        local backend starts every node in a session of its own, so they survive the master)."""
+        """Stop the job. On Kubernetes: cancel it (the master Job, its pods, the nodes).
+        Locally: SIGTERM the master's process group, then its nodes' groups (the local backend
+        starts every node in a session of its own, so they survive the master)."""
+        job = getattr(self, "k8s_job", None)
+        if job is None:
+            try:
+                job = self._kubernetes_job()
+            except Exception as e:  # best effort: a spec that does not load ran nothing
+                self.log.warning("cannot read the spec to stop its job: %s", e)
+        if job is not None:
+            from dlrover_core import api
+
+            res = api.cancel(job[0], job[1])
+            self.log.info("cancelled job %s: deleted %s", job[0], ", ".join(res["deleted"]))
+            return
         rd = Path(self.run_dir) if self.run_dir else None
         pid = getattr(self, "job_pid", None)
         if pid is None and rd is not None and (rd / JOB_FILE).exists():

@@ -1,4 +1,7 @@
-"""``DLRoverJobTrigger``: waits, in the triggerer, for a ``dlrover-rm train`` job to end.
+"""The triggers: ``DLRoverJobTrigger`` waits for a local ``dlrover-rm train`` job (below);
+``DLRoverKubernetesJobTrigger`` (end of the module) for a job submitted to Kubernetes.
+
+``DLRoverJobTrigger``: waits, in the triggerer, for a ``dlrover-rm train`` job to end.
 
 It polls ``dlrover_core.api.status(run_dir)`` (blocking IO, so in a thread) every
 ``poll_interval`` seconds and yields exactly one ``TriggerEvent``
@@ -130,3 +133,141 @@ class DLRoverJobTrigger(BaseTrigger):
                 )
                 return
             await asyncio.sleep(self.poll_interval)
+
+
+class DLRoverKubernetesJobTrigger(BaseTrigger):
+    """Waits, in the triggerer (any host), for a job ``dlrover-rm submit`` put on Kubernetes
+    (``backend.kind: kubernetes``): every ``poll_interval`` seconds it reads the master Job's
+    state (``dlrover_core.api.job_status``) and the master pods' logs
+    (``dlrover_core.api.master_logs``) through the Kubernetes API, in a thread, and logs the
+    log lines it has not logged before into the task log. When the Job is Complete or Failed it
+    yields one ``TriggerEvent`` ``{"status", "job", "namespace", "report", "message"}`` with the
+    master's ``DLROVER-RM-REPORT`` line parsed as ``report``. A job that vanished (cancelled,
+    deleted), a Job without a running master after ``start_timeout`` seconds, or an API that
+    stays unreachable for ``outage_s`` seconds end it as ``failed`` with the reason.
+
+    ``on_kill`` (the user marked the deferred task failed or cleared it) cancels the job.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        namespace: str = "default",
+        poll_interval: float = 5.0,
+        *,
+        start_timeout: float = 600.0,
+        outage_s: float = 300.0,
+    ) -> None:
+        super().__init__()
+        self.job = str(job)
+        self.namespace = str(namespace)
+        self.poll_interval = float(poll_interval)
+        self.start_timeout = float(start_timeout)
+        self.outage_s = float(outage_s)
+        self._logged: dict[str, int] = {}  # pod -> complete lines already logged
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job": self.job,
+                "namespace": self.namespace,
+                "poll_interval": self.poll_interval,
+                "start_timeout": self.start_timeout,
+                "outage_s": self.outage_s,
+            },
+        )
+
+    def _poll(self) -> tuple[dict[str, Any], dict[str, str]]:
+        from dlrover_core import api
+
+        st = api.job_status(self.job, self.namespace)
+        return st, api.master_logs(self.job, self.namespace)
+
+    def _stream(self, logs: dict[str, str], final: bool) -> None:
+        """Log the complete lines not logged before (the last, unfinished one too when the
+        job has ended)."""
+        for pod, text in logs.items():
+            lines = text.splitlines()
+            if lines and not text.endswith("\n") and not final:
+                lines = lines[:-1]
+            for line in lines[self._logged.get(pod, 0) :]:
+                if line.strip():
+                    self.log.info("%s | %s", pod, line)
+            self._logged[pod] = max(self._logged.get(pod, 0), len(lines))
+
+    def _event(self, status: str, message: str, report: dict[str, Any] | None) -> TriggerEvent:
+        return TriggerEvent(
+            {
+                "status": status,
+                "job": self.job,
+                "namespace": self.namespace,
+                "message": message,
+                "report": report,
+            }
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from dlrover_core import api
+        from dlrover_core.errors import InputError
+
+        started = time.monotonic()
+        ok_at = started
+        where = f"job {self.job} in namespace {self.namespace}"
+        while True:
+            try:
+                st, logs = await asyncio.to_thread(self._poll)
+            except InputError as e:
+                if str(e).startswith("no job"):
+                    yield self._event(
+                        "failed", f"{where} is gone (cancelled or deleted): {e}", None
+                    )
+                    return
+                err: Exception = e
+                st = None
+            except Exception as e:  # the API unreachable: retried until outage_s
+                err, st = e, None
+            if st is None:
+                if time.monotonic() - ok_at > self.outage_s:
+                    yield self._event(
+                        "failed",
+                        f"cannot read {where} for {self.outage_s:g} s: {err}",
+                        None,
+                    )
+                    return
+                self.log.warning("cannot read %s (retrying): %s", where, err)
+                await asyncio.sleep(self.poll_interval)
+                continue
+            ok_at = time.monotonic()
+            state = st.get("state")
+            final = state in ("succeeded", "failed")
+            self._stream(logs, final)
+            if final:
+                report = api.parse_report_line("\n".join(logs.values()))
+                if state == "succeeded":
+                    status = str((report or {}).get("state") or "succeeded")
+                    yield self._event(status, f"{where} {status}", report)
+                    return
+                tail = [ln for text in logs.values() for ln in text.splitlines()][-5:]
+                why = (report or {}).get("failure") or (
+                    f"the master Job failed ({st['master'].get('failed_pods', 0)} master pod(s) "
+                    "failed); last log lines: " + " / ".join(tail)
+                )
+                yield self._event("failed", f"{where} failed: {why}", report)
+                return
+            if not logs and time.monotonic() - started > self.start_timeout:
+                yield self._event(
+                    "failed",
+                    f"no master of {where} started within {self.start_timeout:g} s (state "
+                    f"{state}); see `kubectl describe job {self.job}-master -n {self.namespace}`",
+                    None,
+                )
+                return
+            await asyncio.sleep(self.poll_interval)
+
+    async def on_kill(self) -> None:
+        """The user killed the deferred task: cancel the job (idempotent)."""
+        from dlrover_core import api
+
+        res = await asyncio.to_thread(api.cancel, self.job, self.namespace)
+        self.log.info("cancelled %s: deleted %s", self.job, ", ".join(res["deleted"]) or "nothing")

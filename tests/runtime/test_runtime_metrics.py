@@ -188,7 +188,7 @@ def test_a_job_master_serves_metrics_while_it_trains(tmp_path: Path) -> None:
     ``pacing.metrics_port: 0``: ``metrics.addr`` names the endpoint, scrapes during the run
     see shards complete, the endpoint is gone after the run."""
     spec = load_spec(
-        SMALL, ["pacing.metrics_port=0", "data.rows=6000", "data.eval_rows=500", "name=mjob"]
+        SMALL, ["pacing.metrics_port=0", "data.rows=60000", "data.eval_rows=500", "name=mjob"]
     )
     plan = ResourcePlan(
         RolePlan(1, NodeResources(1000, 1536)),

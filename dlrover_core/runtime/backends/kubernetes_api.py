@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -136,7 +137,8 @@ def _default_client() -> k8s.ApiClient:
         config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            # KUBECONFIG read now, not when the client was imported (a long-lived process)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         except (config.ConfigException, OSError) as exc:
             raise InputError(
                 "no Kubernetes API to talk to: not running in a pod and no kubeconfig "

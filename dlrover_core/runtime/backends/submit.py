@@ -8,9 +8,10 @@ official schemas in the tests), in the order they are created:
    or an fsspec URL;
 2. the token ``Secret`` (``<job>-token``, key ``token``): every node's and the master's gRPC
    endpoint checks it;
-3. the spec ``ConfigMap`` (``<job>-spec``, key ``spec.yaml``) the master reads;
-4. the master ``Service`` (``<job>-master``): a DNS name the nodes keep reaching when the Job
-   replaces the master pod;
+3. the spec ``ConfigMap`` (``<job>-spec``, key ``spec.yaml``, and ``plan.json`` when a plan
+   is given) the master reads;
+4. the master ``Service`` (``<job>-master``, headless): a DNS name the nodes keep reaching
+   when the Job replaces the master pod;
 5. a ``NetworkPolicy`` (``<job>-isolation``): the job's pods admit traffic only from the job's
    own pods;
 6. the master ``Job`` (``<job>-master``): ``restartPolicy: Never`` with a ``backoffLimit``, so
@@ -62,6 +63,7 @@ __all__ = [
     "cancel",
     "job_network_policy",
     "master_job",
+    "master_logs",
     "master_service",
     "spec_configmap",
     "state_pvc",
@@ -103,6 +105,7 @@ class MasterConfig:
     pvc_size: str = "20Gi"
     storage_class: str | None = None
     metrics_port: int | None = None  # pacing.metrics_port: scraped through prometheus.io/*
+    plan_json: str | None = None  # a plan from `plan` (None: the master plans the job itself)
 
     @classmethod
     def from_spec(cls, spec: Any, spec_yaml: str, **overrides: Any) -> MasterConfig:
@@ -219,7 +222,10 @@ def spec_configmap(cfg: MasterConfig) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(cfg, cfg.spec_name),
-        "data": {"spec.yaml": cfg.spec_yaml},
+        "data": {
+            "spec.yaml": cfg.spec_yaml,
+            **({"plan.json": cfg.plan_json} if cfg.plan_json else {}),
+        },
     }
 
 
@@ -229,6 +235,10 @@ def master_service(cfg: MasterConfig) -> dict[str, Any]:
         "kind": "Service",
         "metadata": _meta(cfg, cfg.master_name, **_scrape_annotations(cfg)),
         "spec": {
+            # headless: the name resolves to the master pod's IP, so nodes reach the port the
+            # master actually listens on (it binds an ephemeral one and advertises
+            # <service>:<port>; a ClusterIP would forward only the port declared here)
+            "clusterIP": "None",
             "selector": cfg.labels(),
             "ports": [
                 {"name": "grpc", "port": cfg.port, "targetPort": cfg.port},
@@ -260,6 +270,34 @@ def job_network_policy(cfg: MasterConfig) -> dict[str, Any]:
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+JOB_FAILED_EXIT_CODES = (1, 2)
+"""``dlrover-rm train`` exits 1 when the job failed (its report says why) and 2 on bad input:
+deterministic, a new master pod would fail the same way. 3 (a bug), signals (137, 143) and
+evictions are retried by the Job."""
+
+
+def master_failure_policy() -> dict[str, Any]:
+    """The master Job's ``podFailurePolicy``: a disrupted master pod (eviction, preemption,
+    node drain: ``DisruptionTarget``) is replaced without counting against ``backoffLimit``;
+    a master that failed the job or refused its input ends the Job at once."""
+    return {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": "master",
+                    "operator": "In",
+                    "values": list(JOB_FAILED_EXIT_CODES),
+                },
+            },
+        ]
+    }
 
 
 def master_job(cfg: MasterConfig) -> dict[str, Any]:
@@ -308,6 +346,7 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
             f"{SPEC_MOUNT_PATH}/spec.yaml",
             "--run-dir",
             run_dir,
+            *(["--plan", f"{SPEC_MOUNT_PATH}/plan.json"] if cfg.plan_json else []),
         ],
         "env": env,
         "ports": [{"name": "grpc", "containerPort": cfg.port}, *_metrics_port(cfg, container=True)],
@@ -324,6 +363,7 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
         "metadata": _meta(cfg, cfg.master_name),
         "spec": {
             "backoffLimit": cfg.backoff_limit,
+            "podFailurePolicy": master_failure_policy(),
             "ttlSecondsAfterFinished": cfg.ttl_after_finished_s,
             "template": {
                 "metadata": {"labels": cfg.labels(), **_scrape_annotations(cfg)},
@@ -525,6 +565,34 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
         },
         "nodes": nodes,
     }
+
+
+def master_logs(
+    api_client: k8s.ApiClient, namespace: str, job_name: str, tail_lines: int | None = None
+) -> dict[str, str]:
+    """``{pod: log text}`` of the job's master pods, oldest first (a pod whose container has
+    not started has no log yet and is left out)."""
+    core = k8s.CoreV1Api(api_client)
+    pods = [
+        p
+        for p in _job_pods(api_client, namespace, job_name)
+        if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == MASTER_ROLE
+    ]
+    pods.sort(key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
+    out: dict[str, str] = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        kw: dict[str, Any] = {"_preload_content": False}
+        if tail_lines is not None:
+            kw["tail_lines"] = tail_lines
+        try:
+            resp = core.read_namespaced_pod_log(name, namespace, **kw)
+        except ApiException as exc:
+            if exc.status in (400, 404):  # not started yet, or gone meanwhile
+                continue
+            raise _api_error(f"read the log of pod {name}", exc) from exc
+        out[name] = resp.data.decode("utf-8", errors="replace")
+    return out
 
 
 def _job_pods(api_client: k8s.ApiClient, namespace: str, job_name: str) -> list[dict[str, Any]]:

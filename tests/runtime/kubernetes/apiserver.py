@@ -21,7 +21,11 @@ discovery):
   and stays until its kubelet (the stand-in) deletes it with grace 0; owner-reference garbage
   collection of dependants when an owner goes;
 - fault injection: ``inject(status, method=, path=, times=)`` answers the next matching
-  requests with that status (409/429/5xx), for the retry tests.
+  requests with that status (409/429/5xx), for the retry tests;
+- a Secret's ``stringData`` is stored base64-encoded in ``data``, as the real API server does;
+- the pod ``log`` subresource (``GET .../pods/{name}/log``, with ``tailLines`` and
+  ``limitBytes``), served from ``log_dir/<pod>.log`` (the kubelet stand-in writes there: set
+  ``log_dir = kubelet.root / "logs"``).
 
 ``ApiServerThread`` runs it on its own event loop in a thread so synchronous code (the
 official client, the backend, the kubelet stand-in) can talk to it over real HTTP.
@@ -30,6 +34,7 @@ official client, the backend, the kubelet stand-in) can talk to it over real HTT
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import datetime as dt
@@ -39,6 +44,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -86,6 +92,16 @@ def _merge(base: Any, patch: Any, strategic: bool) -> Any:
     return copy.deepcopy(patch)
 
 
+def _encode_string_data(key: _Key, obj: dict[str, Any]) -> None:
+    """A Secret's write-only ``stringData`` goes into ``data``, base64-encoded."""
+    if key[2] != "secrets" or not obj.get("stringData"):
+        return
+    data = dict(obj.get("data") or {})
+    for k, v in obj.pop("stringData").items():
+        data[k] = base64.b64encode(str(v).encode()).decode()
+    obj["data"] = data
+
+
 def selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
     """Equality-based label selectors: ``a=b``, ``a==b``, ``a!=b``, ``a`` (exists), ``!a``."""
     if not selector:
@@ -114,6 +130,7 @@ class ApiServer(kmock.KubernetesEmulator):
     """See the module docstring."""
 
     resize_mode: str = "accept"  # accept | refuse | absent
+    log_dir: Path | None = None  # where pod logs are read from (the kubelet's root/logs)
     store: dict[_Key, dict[str, Any]] = attrs.field(factory=dict, init=False)
     events: list[tuple[int, _Key, str, dict[str, Any]]] = attrs.field(factory=list, init=False)
     rv: int = attrs.field(default=0, init=False)
@@ -192,6 +209,10 @@ class ApiServer(kmock.KubernetesEmulator):
             return await self._watch(request, base, ns)
         if method == "GET" and name is None:
             return aiohttp.web.json_response(self._list(base, ns, request.params))
+        if method == "GET" and base[2] == "pods" and request.subresource == "log":
+            return aiohttp.web.Response(
+                text=self._pod_log((*base, ns, name), request.params), content_type="text/plain"
+            )
         if method == "GET":
             return aiohttp.web.json_response(self._get((*base, ns, name)))
         if method == "POST":
@@ -238,6 +259,24 @@ class ApiServer(kmock.KubernetesEmulator):
                 )
             return copy.deepcopy(obj)
 
+    def _pod_log(self, key: _Key, params: Any) -> str:
+        self._get(key)  # 404 for a pod that is not there
+        path = self.log_dir / f"{key[4]}.log" if self.log_dir is not None else None
+        if path is None or not path.exists():
+            raise KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message=f'container in pod "{key[4]}" is waiting to start: ContainerCreating',
+            )
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        if params.get("tailLines") is not None:
+            n = int(params["tailLines"])
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-n:]) if n > 0 else ""
+        if params.get("limitBytes") is not None:
+            text = text.encode()[: int(params["limitBytes"])].decode("utf-8", errors="ignore")
+        return text
+
     def _list(self, base: tuple[str, str, str], ns: str | None, params: Any) -> dict[str, Any]:
         sel = params.get("labelSelector")
         with self._guard:
@@ -272,6 +311,7 @@ class ApiServer(kmock.KubernetesEmulator):
             meta["creationTimestamp"] = _now()
             if key[2] == "pods":
                 obj.setdefault("status", {"phase": "Pending"})
+            _encode_string_data(key, obj)
             self.store[key] = obj
             self._bump(key, "ADDED", obj)
             return copy.deepcopy(obj)
@@ -335,6 +375,7 @@ class ApiServer(kmock.KubernetesEmulator):
             new = copy.deepcopy(body)
             for k in ("uid", "creationTimestamp", "namespace", "name"):
                 new.setdefault("metadata", {})[k] = obj["metadata"].get(k)
+            _encode_string_data(key, new)
             self.store[key] = new
             self._bump(key, "MODIFIED", new)
             return copy.deepcopy(new)

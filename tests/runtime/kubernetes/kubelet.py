@@ -12,10 +12,15 @@ over HTTP, like a kubelet) and drives each one:
   ``spec.nodeName``), ``secretKeyRef`` (read through the API); plus ``base_env`` (what the
   image would bake in: PATH, PYTHONPATH). Volumes map to local directories under ``root``: a
   PVC to ``root/pvc/<claim>`` (shared by every pod that mounts it, as a ReadWriteMany volume
-  would be), an emptyDir or a secret to ``root/pods/<pod>/<volume>`` (secret keys written as
-  files); every occurrence of a mount path in the command and env values is rewritten to its
-  local directory. An image in ``bad_images`` never starts: ``ImagePullBackOff``. stdout and
-  stderr go to ``root/logs/<pod>.log``.
+  would be), an emptyDir, a secret or a configMap to ``root/pods/<pod>/<volume>`` (secret and
+  configMap keys written as files); every occurrence of a mount path in the command and env
+  values is rewritten to its local directory. A Service DNS name of the namespace
+  (``<svc>.<namespace>.svc[.cluster.local]``) in the command or env is rewritten to
+  ``127.0.0.1``: there is no cluster DNS, and every pod is this host. ``base_env`` may carry
+  ``KUBECONFIG`` so that a master pod's client reaches the test API server
+  (``KUBERNETES_SERVICE_HOST`` is never set, so the in-cluster config is not tried). An image
+  in ``bad_images`` never starts: ``ImagePullBackOff``. stdout and stderr go to
+  ``root/logs/<pod>.log`` (the test API server serves them as the pod ``log``).
 - **Memory limit.** The process tree's resident memory is sampled every tick; over the
   container's memory limit the group is SIGKILLed and the container reported ``OOMKilled``,
   exit code 137 (what the cgroup OOM killer and the kubelet report).
@@ -45,6 +50,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -311,6 +317,12 @@ class KubeletStandIn:
         for mount_path, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
             argv = [_rewrite(a, mount_path, local) for a in argv]
             env = {k: _rewrite(v, mount_path, local) for k, v in env.items()}
+        svc = re.compile(
+            rf"\b[a-z0-9]([-a-z0-9]*[a-z0-9])?\.{re.escape(self.namespace)}\.svc(\.cluster\.local)?\b"
+        )
+        argv = [svc.sub(POD_IP, a) for a in argv]
+        env = {k: svc.sub(POD_IP, v) for k, v in env.items()}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         out = open(self.root / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (kept open)
         lim = _limits(container)
@@ -551,6 +563,13 @@ class KubeletStandIn:
         data = json.loads(resp.data).get("data") or {}
         return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
+    def _configmap(self, name: str) -> dict[str, bytes]:
+        resp = self.core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
+        cm = json.loads(resp.data)
+        out = {k: str(v).encode() for k, v in (cm.get("data") or {}).items()}
+        out.update({k: base64.b64decode(v) for k, v in (cm.get("binaryData") or {}).items()})
+        return out
+
     def _volumes(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         name = pod["metadata"]["name"]
         by_name = {v["name"]: v for v in (pod.get("spec") or {}).get("volumes") or []}
@@ -565,6 +584,9 @@ class KubeletStandIn:
             if "secret" in vol:
                 for k, v in self._secret(vol["secret"]["secretName"]).items():
                     (local / k).write_text(v)
+            if "configMap" in vol:
+                for k, b in self._configmap(vol["configMap"]["name"]).items():
+                    (local / k).write_bytes(b)
             out[m["mountPath"].rstrip("/")] = str(local)
         return out
 

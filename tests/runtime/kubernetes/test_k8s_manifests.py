@@ -128,6 +128,7 @@ def test_rbac_is_least_privilege() -> None:
     sub = grants(roles["dlrover-rm-submitter"])
     assert ("", "secrets") in sub and "get" not in sub[("", "secrets")]
     assert "list" not in sub[("", "secrets")]
+    assert sub[("", "pods/log")] == {"get"}  # the Airflow trigger reads the master's log
     node_sa = next(d for d in docs if d["metadata"]["name"] == "dlrover-rm-node")
     assert node_sa["automountServiceAccountToken"] is False
     bound = {d["metadata"]["name"] for d in docs if d["kind"] == "RoleBinding"}
@@ -191,6 +192,7 @@ def test_submit_objects_shape() -> None:
     assert env["DLROVER_RM_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "small-token"
     svc = objs[3]
     assert svc["spec"]["selector"] == job["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["clusterIP"] == "None"  # headless: any port the master binds is reached
     np = job_network_policy(cfg)
     sel = {"app.kubernetes.io/name": "dlrover-rm", "dlrover-rm/job": "small"}
     assert np["spec"]["podSelector"]["matchLabels"] == sel

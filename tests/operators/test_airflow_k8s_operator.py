@@ -1,0 +1,107 @@
+"""DLRoverTrainOperator on the Kubernetes backend, without training (the test API server and
+the Job controller stand-in, no kubelet): execute submits and defers to the Kubernetes
+trigger; execute_complete returns the report (model_dir in XCom) or fails naming the job;
+on_kill of a fresh operator instance (another worker) cancels by the spec's job name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from _k8s import K8S_OVERRIDES, NAMESPACE, SPEC, cluster, until
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
+
+from operators.operators import DLRoverTrainOperator
+from operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
+
+
+class _TI:
+    def __init__(self) -> None:
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+def _op(**kw: Any) -> DLRoverTrainOperator:
+    kw.setdefault("overrides", K8S_OVERRIDES)
+    return DLRoverTrainOperator(task_id="train", spec=SPEC, dlrover_conn_id=None, **kw)
+
+
+def test_execute_submits_and_defers_then_a_fresh_instance_cancels(tmp_path: Path) -> None:
+    with cluster(tmp_path, run_pods=False) as c:
+        with pytest.raises(TaskDeferred) as d:
+            _op(poll_interval=2.5).execute({})  # type: ignore[arg-type]
+        trig = d.value.trigger
+        assert isinstance(trig, DLRoverKubernetesJobTrigger)
+        assert (trig.job, trig.namespace, trig.poll_interval) == ("small", NAMESPACE, 2.5)
+        (job,) = c.job_objects()
+        assert job["metadata"]["name"] == "small-master"
+        until(lambda: c.pods(), 30, "the master pod")
+        _op().on_kill()  # another process: it knows only the spec
+        assert c.job_objects() == [] and c.pods() == []
+
+
+def test_the_plan_travels_to_the_master(tmp_path: Path) -> None:
+    from dlrover_core import api
+
+    plan = api.plan(SPEC, overrides=K8S_OVERRIDES, history="none")
+    with cluster(tmp_path, run_pods=False) as c:
+        with pytest.raises(TaskDeferred):
+            _op(plan=json.dumps(plan)).execute({})  # type: ignore[arg-type]
+        (cm,) = c.server.api.objects_of("configmaps", NAMESPACE)
+        (job,) = c.job_objects()
+    sent = json.loads(cm["data"]["plan.json"])
+    assert sent["workers"] == plan["workers"] and sent["ps"] == plan["ps"]
+    assert sent["stage"] == plan["stage"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-2:] == ["--plan", "/etc/dlrover-rm/plan.json"]
+
+
+def test_a_bad_plan_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    from dlrover_core.errors import InputError
+
+    with cluster(tmp_path, run_pods=False) as c:
+        with pytest.raises(InputError, match="does not exist"):
+            _op(plan=str(tmp_path / "nope.json")).execute({})  # type: ignore[arg-type]
+        assert c.job_objects() == []
+
+
+def test_local_backend_still_runs_locally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlrover_core import api
+
+    def no_submit(*a: Any, **k: Any) -> None:
+        raise AssertionError("the local backend must not submit")
+
+    monkeypatch.setattr(api, "submit", no_submit)
+    op = _op(overrides=["data.rows=2000"], run_dir=str(tmp_path / "run"))
+    with pytest.raises(TaskDeferred) as d:
+        op.execute({})  # type: ignore[arg-type]
+    assert isinstance(d.value.trigger, DLRoverJobTrigger)
+    op.on_kill()  # stops the local process it started
+
+
+def test_execute_complete_on_kubernetes() -> None:
+    op = _op()
+    ti = _TI()
+    report = {"state": "succeeded", "model_dir": "/state/runs/small/model", "auc": 0.7}
+    event = {"status": "succeeded", "job": "small", "namespace": NAMESPACE, "report": report}
+    assert op.execute_complete({"ti": ti}, event) == report  # type: ignore[arg-type]
+    assert ti.pushed == {"model_dir": "/state/runs/small/model"}
+    failed = {
+        "status": "failed",
+        "job": "small",
+        "namespace": NAMESPACE,
+        "report": {"state": "failed", "failure": "PS ps-0 OOM-killed 3 times"},
+        "message": "job small failed",
+    }
+    with pytest.raises(AirflowException, match=r"small in namespace dlrover failed: PS ps-0 OOM"):
+        op.execute_complete({"ti": ti}, failed)  # type: ignore[arg-type]
+    gone = {**failed, "report": None, "message": "job small in namespace dlrover is gone"}
+    with pytest.raises(AirflowException, match="is gone"):
+        op.execute_complete({"ti": ti}, gone)  # type: ignore[arg-type]
