@@ -350,7 +350,9 @@ def test_the_pipelined_worker_computes_exactly_delayed_adagrad(
     delayed-update Adagrad: the same dense parameters and rows after 2 shards (20 steps),
     float32 rounding apart. A lost, doubled or misrouted update, a row buffer overwritten
     while in use or a dense lr not scaled for staleness moves them by ~lr = 0.05."""
-    spec = small_spec(rows=5120, shard_batches=10, training__staleness=staleness)
+    spec = small_spec(
+        rows=5120, shard_batches=10, training__staleness=staleness, training__seed=3
+    )  # the worker seeds its DenseTower init with training.seed
     job = make_job(spec)
     torch.manual_seed(3)  # the worker's DenseTower init
     w = job.worker()
