@@ -323,7 +323,7 @@ class TrainingSpec(_Strict):
         default="fp32", description="precision of embedding rows and gradients on the wire"
     )
     seed: int | None = Field(
-        default=0,
+        default=None,
         ge=0,
         le=2**32 - 1,
         description="seed of the dense parameters' initial values (null: a random start)",

@@ -427,7 +427,7 @@ def test_training_seed_is_a_non_negative_int_or_null() -> None:
     from dlrover_core.spec import load_spec
     from tests.factories import make_spec_dict
 
-    assert load_spec(make_spec_dict()).training.seed == 0
-    assert load_spec(make_spec_dict(training__seed=None)).training.seed is None
+    assert load_spec(make_spec_dict()).training.seed is None
+    assert load_spec(make_spec_dict(training__seed=7)).training.seed == 7
     with pytest.raises(SpecError, match=r"training\.seed"):
         load_spec(make_spec_dict(training__seed=-1))
