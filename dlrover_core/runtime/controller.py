@@ -285,11 +285,9 @@ class JobMaster:
     def _ps_dir(self, gen: int, index: int) -> Path:
         return self.run_dir / "ps" / f"gen-{gen}" / f"ps-{index}"
 
-    def _node_spec(self, n: _Node) -> NodeSpec:
+    def _node_command(self, n: _Node, cores: int) -> NodeCommand:
+        """What the strategy needs to know to start ``n`` (a PS: its set's generation)."""
         assert self.state is not None
-        cores = max(1, round(n.resources.cpu_millicores / 1000))
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
         cmd = NodeCommand(
             role=n.role,
             node_id=n.node_id,
@@ -300,23 +298,31 @@ class JobMaster:
         )
         if n.role is Role.PS:
             gen = self.state.generation(n.generation) or {}
-            cmd = NodeCommand(
-                **{
-                    **cmd.__dict__,
-                    "generation": n.generation,
-                    "num_ps": int(gen.get("count", 1)),
-                    "ckpt_dir": str(self._ps_dir(n.generation, n.node_id)),
-                    "restore_from": tuple(gen.get("restore_from", ())),
-                    "restore_seq": int(gen.get("restore_seq", 0)),
-                }
+            cmd = dataclasses.replace(
+                cmd,
+                generation=n.generation,
+                num_ps=int(gen.get("count", 1)),
+                ckpt_dir=str(self._ps_dir(n.generation, n.node_id)),
+                restore_from=tuple(gen.get("restore_from", ())),
+                restore_seq=int(gen.get("restore_seq", 0)),
             )
+        return cmd
+
+    def _node_env(self, cores: int) -> dict[str, str]:
+        return {"PYTHONUNBUFFERED": "1"}
+
+    def _node_spec(self, n: _Node) -> NodeSpec:
+        cores = max(1, round(n.resources.cpu_millicores / 1000))
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = self._node_command(n, cores)
         return NodeSpec(
             role=n.role,
             node_id=n.node_id,
             incarnation=n.incarnation,
             resources=n.resources,
             argv=[*self.node_command(), *self.strategy.argv(self.spec, cmd)],
-            env={"PYTHONUNBUFFERED": "1"},
+            env=self._node_env(cores),
             log_path=str(logs / f"{n.role.value}-{n.node_id}.log"),
         )
 

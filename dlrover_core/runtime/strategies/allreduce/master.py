@@ -29,6 +29,7 @@ state, liveness, the shard queue, the report. What this master adds:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -48,7 +49,7 @@ from dlrover_core.planner.allreduce import (
     allreduce_scale,
     rank_memory_need_mib,
 )
-from dlrover_core.runtime.backends.base import LOST_REASON, NodeExit, NodeSpec
+from dlrover_core.runtime.backends.base import LOST_REASON, NodeExit
 from dlrover_core.runtime.controller import JobMaster, _Node
 from dlrover_core.runtime.state import GEN_ABORTED, GEN_ACTIVE, GEN_RETIRED, GEN_STARTING
 from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, validate_allreduce
@@ -241,18 +242,10 @@ class AllReduceMaster(JobMaster):
                 self.backend.stop(n.handle, grace_s=1.0, wait=False)
             self.state.mark_node(Role.WORKER, node_id, NodeState.FAILED)
 
-    def _node_spec(self, n: _Node) -> NodeSpec:
+    def _node_command(self, n: _Node, cores: int) -> NodeCommand:
         g = self._groups[n.generation]
-        cores = max(1, round(n.resources.cpu_millicores / 1000))
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        cmd = NodeCommand(
-            role=n.role,
-            node_id=n.node_id,
-            incarnation=n.incarnation,
-            master=self.address,
-            run_dir=str(self.run_dir),
-            cores=cores,
+        return dataclasses.replace(
+            super()._node_command(n, cores),
             generation=g.gid,
             rank=n.node_id - g.first_node_id,
             world_size=g.world_size,
@@ -260,15 +253,9 @@ class AllReduceMaster(JobMaster):
             rdzv_prefix=f"group-{g.gid}/",
             after_generation=g.after,
         )
-        return NodeSpec(
-            role=n.role,
-            node_id=n.node_id,
-            incarnation=n.incarnation,
-            resources=n.resources,
-            argv=[*self.node_command(), *self.strategy.argv(self.spec, cmd)],
-            env={"PYTHONUNBUFFERED": "1", **RANK_ENV, "OMP_NUM_THREADS": str(cores)},
-            log_path=str(logs / f"{n.role.value}-{n.node_id}.log"),
-        )
+
+    def _node_env(self, cores: int) -> dict[str, str]:
+        return {**super()._node_env(cores), **RANK_ENV, "OMP_NUM_THREADS": str(cores)}
 
     # --- start, resume ---------------------------------------------------------------------------
     def _start_or_resume(self) -> None:
