@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -300,3 +301,83 @@ def test_master_restarts_at_random_instants(tmp_path: Path, run: Path) -> None:
     restarts = int(os.environ.get("DLROVER_RM_MASTER_RESTARTS", "3"))
     got = master_restarts(tmp_path, run, restarts, seed)
     print(f"master restarts: {got}")
+
+
+# every kind of fault the matrix knows, drawn at random instants of one run
+CHAOS = ("kill_ps", "kill_worker", "stop_ps", "stop_worker", "corrupt_and_kill_ps", "kill_master")
+
+
+def _registered(run: Path, role: str) -> list[tuple[int, int]]:
+    """(node id, pid) of the nodes of ``role`` that registered and whose process lives."""
+    out = []
+    for n in fk.state(run).get("nodes", []):
+        if n["role"] == role:
+            pid = fk.running_pid(run, role, n["node_id"])
+            if pid is not None:
+                out.append((n["node_id"], pid))
+    return out
+
+
+def _inject(tmp: Path, run: Path, fault: str, rng: random.Random) -> str | None:
+    """Apply ``fault`` to a node of the run (a random one of its role); None when no node of
+    that role is registered right now. Returns what was done, for the failure message."""
+    role = "worker" if fault.endswith("worker") else "ps"
+    nodes = _registered(run, role)
+    if not nodes:
+        return None
+    node_id, pid = rng.choice(nodes)
+    if fault.startswith("stop"):
+        os.killpg(pid, signal.SIGSTOP)  # stays stopped: liveness must see it, kill it, relaunch
+    else:
+        if fault == "corrupt_and_kill_ps":
+            gens = fk.state(run).get("generations", [])
+            gdir = run / "ps" / f"gen-{gens[-1]['id']}" / f"ps-{node_id}" if gens else None
+            newest = sorted(gdir.glob("ckpt-*.npz"))[-1:] if gdir and gdir.is_dir() else []
+            for f in newest:  # the newest of the kept ones: the PS falls back to the previous
+                f.write_bytes(b"garbage" * 1000)
+        os.kill(pid, signal.SIGKILL)
+    return f"{fault} {role}-{node_id} (pid {pid})"
+
+
+def mixed_faults(
+    tmp_path: Path, run: Path, faults: int, seed: int, rows: int = 120_000
+) -> dict[str, Any]:
+    """One job, ``faults`` faults of every kind (CHAOS) at random instants (seeded): nodes
+    killed, stopped, their newest checkpoint corrupted, the master killed and restarted. The
+    job must finish exactly once with nothing left running."""
+    rng = random.Random(seed)
+    sets = (f"data.rows={rows}",)
+    done: list[str] = []
+    p = _train(tmp_path, run, *sets)
+    fk.wait_for(lambda: fk.running_pid(run, "worker", 0), 300, "worker-0 to register")
+    for _ in range(faults):
+        time.sleep(rng.uniform(3.0, 10.0))
+        if p.poll() is not None:
+            break
+        fault = rng.choice(CHAOS)
+        if fault == "kill_master":
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=10)
+            p = _train(tmp_path, run, *sets)
+            done.append(fault)
+            continue
+        what = _inject(tmp_path, run, fault, rng)
+        if what is not None:
+            done.append(what)
+    rc = _finish(p, 900)
+    if rc != 0 and fk.state(run).get("job_state") != "succeeded":
+        log = (tmp_path / "master.log").read_text()[-3000:]
+        raise AssertionError(f"rc {rc} after faults {done}:\n{log}")
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    fk.assert_no_orphans(run)
+    return {"faults": done, "auc": r.get("auc"), "master_starts": r["master_starts"]}
+
+
+def test_mixed_faults_at_random_instants(tmp_path: Path, run: Path) -> None:
+    """Kills, stops, a corrupted newest checkpoint and master restarts, drawn at random
+    (seeded: DLROVER_RM_FAULT_SEED) during one run: it finishes exactly once, nothing left."""
+    seed = int(os.environ.get("DLROVER_RM_FAULT_SEED", "11"))
+    got = mixed_faults(tmp_path, run, int(os.environ.get("DLROVER_RM_FAULTS", "4")), seed)
+    print(f"mixed faults: {got}")
+    assert len(got["faults"]) >= 2, got  # the run was long enough for the faults to land

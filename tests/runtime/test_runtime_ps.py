@@ -473,3 +473,26 @@ def test_client_latency_one_ps_8_tables(token: str, tmp_path: Path) -> None:
         )
     finally:
         srv.stop(0)
+
+
+def test_a_rejected_checkpoint_is_set_aside_so_pruning_keeps_the_good_one(tmp_path: Path) -> None:
+    """After a fall-back the corrupt newest checkpoint is quarantined: the next saves prune
+    around it (it no longer counts among the kept ones), so a second corruption still finds the
+    good checkpoint the PS restored from; sequence numbers are never reused."""
+    s = _trained_shard()
+    good = ckpt.save(s, tmp_path)
+    bad = ckpt.save(s, tmp_path)
+    bad.path.write_bytes(b"garbage" * 100)
+    loaded = ckpt.load_latest(tmp_path)
+    assert loaded is not None and loaded.info.seq == good.seq
+    assert ckpt.quarantine(loaded.rejected_paths) == [bad.manifest_path]
+    assert (tmp_path / (bad.path.name + ".corrupt")).exists()
+    newer = ckpt.save(s, tmp_path)  # keep=2: the good one and this one, not the corrupt one
+    assert newer.seq == bad.seq + 1
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
+        newer.manifest_path.name,
+        good.manifest_path.name,
+    ]
+    newer.path.write_bytes(b"garbage" * 100)  # a second corruption: the good one is still there
+    again = ckpt.load_latest(tmp_path)
+    assert again is not None and again.info.seq == good.seq

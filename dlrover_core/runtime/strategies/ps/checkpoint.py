@@ -17,6 +17,7 @@ all the old PS: that is how the PS set is scaled or migrated.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 KEEP = 2
 _NAME = re.compile(r"^ckpt-(\d{8})\.(npz|json)$")
+_ANY_SEQ = re.compile(r"^ckpt-(\d{8})\.")  # quarantined ones included: numbers never reused
 
 
 class CheckpointError(DLRoverError):
@@ -139,6 +141,7 @@ class LoadedCheckpoint:
     state: ShardState
     info: CheckpointInfo
     rejected: list[str] = field(default_factory=list)  # one line per corrupt newer checkpoint
+    rejected_paths: list[Path] = field(default_factory=list)  # their manifests
 
 
 @dataclass
@@ -184,8 +187,8 @@ def save(
     state = shard if isinstance(shard, ShardState) else shard.snapshot()
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    existing = _seqs(d)
-    seq = (existing[-1] + 1) if existing else 1
+    used = [int(m.group(1)) for p in d.iterdir() if (m := _ANY_SEQ.match(p.name))]
+    seq = max(used, default=0) + 1
     step = state.step if step is None else int(step)
     names = list(state.tables)
     dense_names = list(state.dense)
@@ -367,14 +370,17 @@ def load_latest(directory: str | os.PathLike[str]) -> LoadedCheckpoint | None:
     checkpoint there is corrupt, raises :class:`CheckpointError` listing each one."""
     manifests = list_checkpoints(directory)
     rejected: list[str] = []
+    rejected_paths: list[Path] = []
     for mp in manifests:
         try:
             loaded = read(mp)
         except CheckpointError as e:
             log.warning("%s", e.message)
             rejected.append(e.message)
+            rejected_paths.append(mp)
             continue
         loaded.rejected = rejected
+        loaded.rejected_paths = rejected_paths
         if rejected:
             log.warning("fell back to checkpoint %s", loaded.info.path)
         return loaded
@@ -385,6 +391,22 @@ def load_latest(directory: str | os.PathLike[str]) -> LoadedCheckpoint | None:
             problems=rejected,
         )
     return None
+
+
+def quarantine(manifests: Sequence[Path]) -> list[Path]:
+    """Set rejected checkpoints aside (``ckpt-N.json.corrupt``, ``ckpt-N.npz.corrupt``) so that
+    pruning no longer counts them among the ``keep`` newest and deletes the good one instead;
+    kept for inspection, never read again. Only the PS that owns the directory calls this.
+    Returns the manifests moved."""
+    moved = []
+    for mp in manifests:
+        for p in (mp.with_suffix(".npz"), mp):  # the npz first: a manifest marks a checkpoint
+            with contextlib.suppress(FileNotFoundError):
+                p.replace(p.with_name(p.name + ".corrupt"))
+        moved.append(mp)
+    if moved:
+        fsync_dir(moved[0].parent)
+    return moved
 
 
 def load_for(

@@ -1295,6 +1295,8 @@ def restore_tagged(
     own = ckpt.load_latest(own_dir)
     if own is not None and (own.info.index, own.info.num_ps) == (index, num_ps):
         shard.restore(own.state)
+        for mp in ckpt.quarantine(own.rejected_paths):
+            log.warning("set %s aside as %s.corrupt (never read again)", mp.name, mp.name)
         return shard, own.info, f"own:{own.info.path}", max(0, own.info.tag)
     if own is not None:
         log.warning(
