@@ -546,7 +546,7 @@ class JobMaster:
             o for o in new.overrides if o.role is Role.PS
         }
         self._adopt_plan(new)
-        if ps_changed:
+        if ps_changed and not self._resize_ps_in_place(old, new):
             self._replace_ps_set(new)
         for i in range(new.workers.count):
             want = new.node_resources(Role.WORKER, i)
@@ -569,14 +569,7 @@ class JobMaster:
                     log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
                     n.resources = want
                     n.resized_mono = self.mono()
-                    self.state.record_launch(
-                        n.role,
-                        n.node_id,
-                        n.incarnation,
-                        want,
-                        ref=n.handle.ref,
-                        relaunches=n.relaunches,
-                    )
+                    self.state.record_resize(n.role, n.node_id, want)
                     continue
                 self._start_worker(i, want)
         for i in range(new.workers.count, old.workers.count):
@@ -584,6 +577,41 @@ class JobMaster:
             if n is not None and n.handle is not None and n.stopping_mono is None:
                 self.state.request_stop(i)
                 n.stopping_mono = self.mono()
+
+    def _resize_ps_in_place(self, old: ResourcePlan, new: ResourcePlan) -> bool:
+        """A PS change of CPU only (same count, same memory per PS, no relaunch asked for) is
+        applied to the running PS in place when the backend can (``pods/resize``, a local
+        re-pin): no freeze, no re-shard, no replay. ``False`` leaves it to a PS-set change."""
+        assert self.state is not None
+        if self._switch is not None or old.ps.count != new.ps.count:
+            return False
+        changes = []
+        for i in range(new.ps.count):
+            want = new.node_resources(Role.PS, i)
+            n = self.nodes.get((Role.PS, i))
+            if n is None or n.handle is None or n.stopping_mono is not None:
+                return False
+            if any(o.role is Role.PS and o.node_id == i and o.action == "relaunch"
+                   for o in new.overrides):  # fmt: skip
+                return False
+            if want == n.resources:
+                continue
+            if want.memory_mib != n.resources.memory_mib:
+                return False
+            changes.append((n, want))
+        if not changes:
+            return False  # nothing to resize: the change is elsewhere (e.g. an override moved)
+        for n, want in changes:
+            assert n.handle is not None
+            if not self.backend.resize(n.handle, want):
+                log.info("%s cannot be resized in place: a PS-set change instead", n.name)
+                return False  # the set change replaces every PS, resized ones included
+        for n, want in changes:
+            log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
+            n.resources = want
+            n.resized_mono = self.mono()
+            self.state.record_resize(n.role, n.node_id, want)
+        return True
 
     # --- faults ------------------------------------------------------------------------------
     def _on_exit(self, e: NodeExit) -> None:
@@ -736,7 +764,7 @@ class JobMaster:
         assert self.state is not None
         now = self.mono()
         for n in list(self.nodes.values()):
-            if n.resized_mono is None or n.handle is None or n.role is not Role.WORKER:
+            if n.resized_mono is None or n.handle is None:
                 continue
             st = self.backend.resize_state(n.handle)
             waited = now - n.resized_mono
@@ -751,7 +779,11 @@ class JobMaster:
                     {"node": n.name, "incarnation": n.incarnation, "exit_class": "resize",
                      "action": "relaunch", "why": why}
                 )  # fmt: skip
-                self._start_worker(n.node_id, n.resources)
+                if n.role is Role.WORKER:
+                    self._start_worker(n.node_id, n.resources)
+                else:  # its exit relaunches it at the planned (new) size, from its checkpoint
+                    n.resized_mono = None
+                    self._kill(n.role, n.node_id, why)
 
     def _kill(self, role: Role, node_id: int, why: str) -> None:
         n = self.nodes.get((role, node_id))

@@ -374,6 +374,14 @@ class MasterState:
             self._set_state(rec, NodeState.PENDING, now)
             self._persist()
 
+    def record_resize(self, role: Role, node_id: int, resources: NodeResources) -> None:
+        """The node's resources changed in place (same process, same incarnation): its state,
+        registration and liveness stay as they are."""
+        with self._lock:
+            rec = self._node(Role(role), node_id, self._clock())
+            rec.resources = resources.to_dict()
+            self._persist()
+
     def register(
         self,
         role: Role,

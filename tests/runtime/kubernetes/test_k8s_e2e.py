@@ -296,8 +296,21 @@ def test_hot_ps_migration_and_an_in_place_worker_resize_through_kubernetes(
                 if p["metadata"]["name"] == "small-worker-0-0":
                     limits.append(p["spec"]["containers"][0]["resources"]["limits"]["cpu"])
                     done.append("seen")
+        elif done == ["migrate", "resize", "seen"] and frac >= 0.7 and not m._changing():
+            done.append("ps-resize")  # CPU only: the PS pods are resized, not replaced
+            states.append(m.state.node(Role.WORKER, 0).state.value)  # type: ignore[union-attr]
+            ps = m.plan.ps
+            more = NodeResources(ps.resources.cpu_millicores * 2, ps.resources.memory_mib)
+            m._apply(m.plan.replace(ps=RolePlan(ps.count, more), reasons=("test: PS CPU x2",)))
+        elif done == ["migrate", "resize", "seen", "ps-resize"]:
+            for p in apiserver.api.objects_of("pods", NAMESPACE):
+                if p["metadata"]["name"].startswith("small-ps-1-"):
+                    ps_limits.append(p["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+                    done.append("ps-seen")
 
     limits: list[str] = []
+    ps_limits: list[str] = []
+    states: list[str] = []
     with KubeletStandIn(apiserver.client(), NAMESPACE, tmp_path / "node") as kubelet:
         state_dir = kubelet.root / "pvc" / "state"
         state_dir.mkdir(parents=True)
@@ -305,7 +318,13 @@ def test_hot_ps_migration_and_an_in_place_worker_resize_through_kubernetes(
         report = m.run()
         assert kubelet.errors == []
     check_exactly_once(report)
-    assert done == ["migrate", "resize", "seen"]
+    assert done == ["migrate", "resize", "seen", "ps-resize", "ps-seen"], done
+    assert states == ["running"]  # a worker resized in place stays registered and watched
+    cpu = {"1000m", "1", "2000m", "2"}
+    assert ps_limits and ps_limits[0] in cpu and ps_limits[0] != "500m", ps_limits
+    assert m.state.generation(2) is not None and m.state.generation(3) is None  # no 3rd PS set
+    ps_pods = {ln["node"] for ln in m.launches if ln["node"].startswith("ps-")}
+    assert len([ln for ln in m.launches if ln["node"].startswith("ps-")]) == 1 + 2, ps_pods
     assert len(report.get("ps_switch_s", [])) >= 1  # the new PS set became active
     ps = {(ln["node"], ln["generation"]) for ln in m.launches if ln["node"].startswith("ps-")}
     assert ("ps-1", 2) in ps and ("ps-0", 2) in ps, ps  # the second generation: 2 PS
