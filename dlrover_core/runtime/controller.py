@@ -258,6 +258,7 @@ class JobMaster:
             monotonic=self.mono,
             synchronous="NORMAL",
         )
+        self.state.persist()  # this master's start is on record before it acts
         self._prior = self.planner.history_samples(self._history, self.clock())
         bind, advertise = self.backend.endpoint()
         port = 0
