@@ -399,6 +399,13 @@ class JobMaster:
         checkpointed), launch its PS. It becomes active once all of them registered."""
         assert self.state is not None
         gen = self.state.begin_generation(plan.ps.count, restore_from, seq, GEN_STARTING)
+        if restore_from:
+            self._event(
+                None,
+                "PSSetChange",
+                f"PS generation {gen['id']}: {plan.ps.count} PS x {plan.ps.resources}, "
+                f"re-sharded from {len(restore_from)} checkpoint(s) tagged done_seq {seq}",
+            )
         self._launch_generation(gen["id"], plan)
 
     def _launch_generation(self, gid: int, plan: ResourcePlan) -> None:
@@ -445,6 +452,7 @@ class JobMaster:
             took = self.mono() - sw.started_mono
             self.switch_downtimes_s.append(took)
             log.info("PS generation %d active after %.1f s: %s", sw.gen, took, addresses)
+            self._event(None, "PSSetActive", f"PS generation {sw.gen} active after {took:.1f} s")
             self._switch = None
             return
         if self.mono() > sw.deadline_mono:
@@ -538,6 +546,22 @@ class JobMaster:
         self.state.record_plan(plan)
         self._config_since = self.clock()
         log.info("plan (%s): %s", plan.stage.value, "; ".join(plan.reasons))
+        self._event(
+            None,
+            "Planned",
+            f"{plan.stage.value}: {plan.workers.count} worker(s) x {plan.workers.resources}, "
+            f"{plan.ps.count} PS x {plan.ps.resources}: {'; '.join(plan.reasons)}",
+        )
+
+    def _event(
+        self, handle: NodeHandle | None, reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """A Kubernetes Event (the backend's channel) on a node's pod or the master's; a
+        failure to record one never reaches the loop."""
+        try:
+            self.backend.event(handle, reason, message, warning=warning)
+        except Exception as e:  # best effort, by contract
+            log.debug("event %s not recorded: %s", reason, e)
 
     def _apply(self, new: ResourcePlan) -> None:
         """Execute the difference between the current plan and ``new``."""
@@ -568,6 +592,7 @@ class JobMaster:
                     and self.backend.resize(n.handle, want)
                 ):
                     log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
+                    self._event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
                     n.resources = want
                     n.resized_mono = self.mono()
                     self.state.record_resize(n.role, n.node_id, want)
@@ -578,6 +603,7 @@ class JobMaster:
             if n is not None and n.handle is not None and n.stopping_mono is None:
                 self.state.request_stop(i)
                 n.stopping_mono = self.mono()
+                self._event(n.handle, "ScalingDown", f"{n.name}: asked to finish its shard")
 
     def _resize_ps_in_place(self, old: ResourcePlan, new: ResourcePlan) -> bool:
         """A PS change of CPU only (same count, same memory per PS, no relaunch asked for) is
@@ -609,6 +635,7 @@ class JobMaster:
                 return False  # the set change replaces every PS, resized ones included
         for n, want in changes:
             log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
+            self._event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
             n.resources = want
             n.resized_mono = self.mono()
             self.state.record_resize(n.role, n.node_id, want)
@@ -654,6 +681,9 @@ class JobMaster:
             }
         )
         log.warning("%s exited (%s): %s", n.name, cls.value, why)
+        action = "relaunch" if d.relaunch else ("fail the job" if d.fail_job else "drop it")
+        self._event(None, "NodeExited", f"{n.name} exited ({cls.value}): {action}: {why}",
+                    warning=True)  # fmt: skip
         if d.fail_job:
             self.failure = f"{n.name}: {d.reason}"
             return
@@ -792,6 +822,7 @@ class JobMaster:
             return
         n.kill_reason = why
         log.warning("%s: %s: killing it", n.name, why)
+        self._event(n.handle, "Killing", f"{n.name}: {why}", warning=True)
         self.backend.kill(n.handle)
 
     def _check_restores(self) -> None:
@@ -1130,6 +1161,17 @@ class JobMaster:
                 auc = self.strategy.evaluate(self.spec, addresses, self.token)
             except Exception as e:
                 log.warning("evaluation failed: %s", e)
+        ending = "failed" if self.failure else ("stopped" if self.stop_reason else "succeeded")
+        done = ""
+        with contextlib.suppress(Exception):
+            done = f"{st.shards.samples_done:,}/{st.shards.samples_total:,} samples" if st else ""
+        self._event(
+            None,
+            f"Job{ending.capitalize()}",
+            f"{ending}: {self.failure or self.stop_reason or done}"
+            + ("" if auc is None else f", AUC {auc:.4f}"),
+            warning=ending != "succeeded",
+        )
         try:
             self.backend.shutdown()
         except Exception as e:

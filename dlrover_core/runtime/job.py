@@ -156,16 +156,18 @@ def _backend(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
     ns = spec.backend.namespace
     pod = os.environ.get(k8s_submit.ENV_POD_NAME)
     owner = owner_for_master(_default_client(), ns, pod) if pod else None
+    lease_name = os.environ.get(k8s_submit.ENV_LEASE, f"{spec.name}-master")
     backend = backend_from_spec(
         spec.backend,
         spec.name,
         owner=owner,
         token_secret=os.environ.get(k8s_submit.ENV_TOKEN_SECRET),
         master_service=os.environ.get(k8s_submit.ENV_MASTER_SERVICE),
+        lease_name=lease_name,
     )
     lease = KubernetesLease(
         ns,
-        os.environ.get(k8s_submit.ENV_LEASE, f"{spec.name}-master"),
+        lease_name,
         identity=pod or socket.gethostname(),
         duration_s=max(15.0, 3 * spec.pacing.heartbeat_interval_s),
     )

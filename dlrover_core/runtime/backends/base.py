@@ -266,6 +266,15 @@ class Backend(Protocol):
         later), ``"in_progress"``, or ``None`` (done, or nothing to follow)."""
         ...
 
+    def event(
+        self, handle: NodeHandle | None, reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """Tell the cluster's users why the master acted on a node (``handle``) or what it
+        decided for the job (``None``): Kubernetes Events; nothing where there is no such
+        channel (the master's log and report.json always have it). Never blocks, never
+        raises."""
+        ...
+
 
 @runtime_checkable
 class RunLease(Protocol):

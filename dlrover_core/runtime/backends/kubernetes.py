@@ -46,6 +46,7 @@ import datetime as _dt
 import logging
 import math
 import os
+import queue
 import signal
 import socket
 import threading
@@ -176,7 +177,9 @@ class KubernetesBackend:
         keep_failed_pods: bool = True,
         termination_grace_s: int = 30,
         image_pull_policy: str = "IfNotPresent",
+        lease_name: str | None = None,
     ) -> None:
+        self.lease_name = lease_name or f"{job_name}-master"  # job events go there, unowned
         self.cfg = PodConfig(
             namespace=namespace,
             image=image,
@@ -216,6 +219,10 @@ class KubernetesBackend:
         self._closed = False
         self._resource_version: str | None = None
         self.relists = 0  # how many full lists the watcher made (tests, metrics)
+        # Events go out from a thread of their own: the control loop never waits on them
+        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=256)
+        self._event_sender: threading.Thread | None = None
+        self.events_dropped = 0
 
     # ------------------------------------------------------------------ protocol
 
@@ -380,6 +387,7 @@ class KubernetesBackend:
         deadline = time.monotonic() + max(0.0, grace_s) + 10.0
         for n in live:
             self._wait_exit(n, max(0.0, deadline - time.monotonic()))
+        self._flush_events(timeout_s=min(5.0, self._timeout))
         self._stopping.set()
         self._kick.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
@@ -474,39 +482,79 @@ class KubernetesBackend:
             return [n.handle for n in self._pods.values() if n.exit is None]
 
     def event(
-        self, handle: NodeHandle, reason: str, message: str, *, warning: bool = False
+        self, handle: NodeHandle | None, reason: str, message: str, *, warning: bool = False
     ) -> None:
-        """Record a Kubernetes Event on the node's pod (``kubectl describe pod`` shows why the
-        master relaunched, resized or stopped it). Best effort: never raises for the API."""
+        """Record a Kubernetes Event on the node's pod, or with ``handle`` None on the master's
+        own pod (the owner), so that ``kubectl describe pod`` and ``kubectl get events`` show
+        why the master relaunched, resized or stopped a node and what it planned. Queued and
+        sent by a thread of its own (never blocks the caller); best effort: an API error is
+        logged, a full queue drops the event."""
+        if handle is not None:
+            obj = {"apiVersion": "v1", "kind": "Pod", "name": handle.ref}
+        elif self.cfg.owner is not None:  # the master's pod or Job
+            o = self.cfg.owner
+            obj = {"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid}
+        else:  # a master outside a pod: the run's Lease, which it holds
+            obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": self.lease_name}
+        name = obj["name"]
         now = _dt.datetime.now(tz=_dt.UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "generateName": f"{handle.ref}.",
-                "name": f"{handle.ref}.{int(now.timestamp() * 1e6):x}",
+                "name": f"{name}.{int(now.timestamp() * 1e6):x}",
                 "namespace": self.cfg.namespace,
             },
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": handle.ref,
-                "namespace": self.cfg.namespace,
-            },
+            "involvedObject": {**obj, "namespace": self.cfg.namespace},
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
             "source": {"component": "dlrover-rm-master"},
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(
-                self.cfg.namespace, body, _request_timeout=self._timeout, _preload_content=False
-            )
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-            log.info("could not record event %s on %s: %s", reason, handle.ref, _describe(exc))
+            self._events.put_nowait(body)
+        except queue.Full:
+            self.events_dropped += 1
+            return
+        with self._lock:
+            if self._event_sender is None or not self._event_sender.is_alive():
+                self._event_sender = threading.Thread(
+                    target=self._send_events, name="kubernetes-backend-events", daemon=True
+                )
+                self._event_sender.start()
+
+    def _send_events(self) -> None:
+        while True:
+            body = self._events.get()
+            if body is None:
+                return
+            try:
+                self.core.create_namespaced_event(
+                    self.cfg.namespace,
+                    body,
+                    _request_timeout=self._timeout,
+                    _preload_content=False,
+                )
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                log.info(
+                    "could not record event %s on %s: %s",
+                    body["reason"],
+                    body["involvedObject"]["name"],
+                    _describe(exc),
+                )
+
+    def _flush_events(self, timeout_s: float) -> None:
+        """Send what is queued (at most ``timeout_s``), then end the sender thread."""
+        sender = self._event_sender
+        if sender is None or not sender.is_alive():
+            return
+        with contextlib.suppress(queue.Full):
+            self._events.put(None, timeout=timeout_s)
+        sender.join(timeout=timeout_s)
 
     def sync(self) -> None:
         """One reconcile by list now (the watcher does this on its own; tests call it to
@@ -828,6 +876,7 @@ def backend_from_spec(
     master_service: str | None = None,
     api_client: k8s.ApiClient | None = None,
     clock: Callable[[], float] = time.time,
+    lease_name: str | None = None,
 ) -> KubernetesBackend:
     """A ``KubernetesBackend`` from a validated ``spec.BackendSpec`` (``kind: kubernetes``)."""
     if getattr(backend, "kind", None) != "kubernetes":
@@ -860,4 +909,5 @@ def backend_from_spec(
         resize_enabled=backend.resize,
         termination_grace_s=backend.termination_grace_s,
         image_pull_policy=backend.image_pull_policy,
+        lease_name=lease_name,
     )

@@ -320,6 +320,11 @@ class LocalBackend:
         """A local re-pin is done when :meth:`resize` returns."""
         return None
 
+    def event(
+        self, handle: NodeHandle | None, reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """No event channel for local processes: the master's log and report.json say it."""
+
     def resize(self, handle: NodeHandle, resources: NodeResources) -> bool:
         """Re-pin every process of the node to a CPU set of the new size (memory unchanged:
         a different memory limit needs a relaunch). ``False`` when it cannot (not pinned,

@@ -337,6 +337,51 @@ def test_resize_refused_means_relaunch(
     assert _pods(apiserver)[h.ref]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1"
 
 
+def _events(srv: ApiServerThread) -> list[dict[str, Any]]:
+    return list(srv.api.objects_of("events", NAMESPACE))
+
+
+def test_events_on_the_node_pod_and_for_the_job(
+    make_backend: MakeBackend, apiserver: ApiServerThread
+) -> None:
+    """Why the master acted, as Kubernetes Events: on the node's pod; the job's own on the
+    master's owner when it has one, else on the run's Lease. Sent off the caller's thread."""
+    b = make_backend(lease_name="small-master")
+    h = b.launch(_spec())
+    b.event(h, "Killing", "worker-0.0: no heartbeat for 8 s", warning=True)
+    b.event(None, "Planned", "cold_start: 2 worker(s)")
+    b._flush_events(5.0)
+    by_reason = {e["reason"]: e for e in _events(apiserver)}
+    kill, plan = by_reason["Killing"], by_reason["Planned"]
+    assert kill["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": h.ref,
+                                      "namespace": NAMESPACE}  # fmt: skip
+    assert kill["type"] == "Warning" and kill["source"] == {"component": "dlrover-rm-master"}
+    assert plan["involvedObject"]["kind"] == "Lease" and plan["type"] == "Normal"
+    assert plan["involvedObject"]["name"] == "small-master"
+
+    from dlrover_core.runtime.backends.kubernetes_pods import OwnerRef
+
+    owned = make_backend(owner=OwnerRef("small-master-abc", "uid-1", "Job", "batch/v1"))
+    owned.event(None, "JobSucceeded", "succeeded: 1/1 samples")
+    owned._flush_events(5.0)
+    (ev,) = [e for e in _events(apiserver) if e["reason"] == "JobSucceeded"]
+    assert ev["involvedObject"]["kind"] == "Job" and ev["involvedObject"]["uid"] == "uid-1"
+
+
+def test_an_event_the_api_refuses_never_reaches_the_caller(
+    make_backend: MakeBackend, apiserver: ApiServerThread
+) -> None:
+    b = make_backend()
+    apiserver.api.inject(503, method="POST", path=".*/events", times=1000)
+    t0 = time.monotonic()
+    for i in range(300):  # more than the queue holds: the rest are dropped, not waited for
+        b.event(None, "Planned", f"plan {i}")
+    assert time.monotonic() - t0 < 2.0
+    b._flush_events(5.0)
+    assert b.events_dropped > 0
+    assert _events(apiserver) == []
+
+
 def test_resize_disabled(make_backend: MakeBackend) -> None:
     b = make_backend(resize_enabled=False)
     assert not b.resize(b.launch(_spec()), NodeResources(2000, 1024))

@@ -323,6 +323,12 @@ def test_hot_ps_migration_and_an_in_place_worker_resize_through_kubernetes(
     cpu = {"1000m", "1", "2000m", "2"}
     assert ps_limits and ps_limits[0] in cpu and ps_limits[0] != "500m", ps_limits
     assert m.state.generation(2) is not None and m.state.generation(3) is None  # no 3rd PS set
+    events = apiserver.api.objects_of("events", NAMESPACE)  # what `kubectl get events` shows
+    on = {(e["reason"], e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events}
+    assert ("Resized", "Pod", "small-worker-0-0") in on, on
+    assert any(r == "Resized" and n.startswith("small-ps-") for r, _, n in on), on
+    assert ("PSSetChange", "Lease", "small-master") in on, on
+    assert ("JobSucceeded", "Lease", "small-master") in on, on
     ps_pods = {ln["node"] for ln in m.launches if ln["node"].startswith("ps-")}
     assert len([ln for ln in m.launches if ln["node"].startswith("ps-")]) == 1 + 2, ps_pods
     assert len(report.get("ps_switch_s", [])) >= 1  # the new PS set became active
