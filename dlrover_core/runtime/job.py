@@ -37,6 +37,7 @@ def train(
     shown = Progress() if progress else None  # a tqdm bar on a terminal, log records elsewhere
     quiet_third_party()  # node processes inherit the filters: no pynvml warning in their logs
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
+    spec, clamp_note = fit_to_container(spec)
     backend, extra = _backend(spec)
     if spec.backend.kind == "kubernetes" and run_dir is None:
         # the run directory lives on the state volume, at one path for master and nodes
@@ -74,6 +75,7 @@ def train(
     if shown is not None:
         shown.close(report)
     report["run_dir"] = str(rd)
+    report["quota_clamped"] = clamp_note
     report["samples"] = [dataclasses.asdict(s) for s in master.samples]
     report["history_run_id"] = None
     if report.get("state") == "succeeded":
@@ -82,6 +84,31 @@ def train(
     if report.get("state") == "succeeded" and master.plan is not None:
         report["history_run_id"] = record_history(spec, report, master, history_url)
     return report
+
+
+def fit_to_container(spec: JobSpec) -> tuple[JobSpec, str | None]:
+    """On the local backend every node shares this container's cgroup: the quota is clamped
+    to its ``cpu.max``/``memory.max`` less the master's share (``runtime/cgroup.py``). Returns
+    the spec to run and the note when it was clamped. ``DLROVER_RM_CGROUP_ROOT`` points at
+    another cgroup root (tests)."""
+    if spec.backend.kind != "local":
+        return spec, None  # every node is a pod of its own
+    import os
+
+    from dlrover_core.runtime.cgroup import CGROUP_ROOT, clamp_quota, read_limits
+    from dlrover_core.spec import QuotaSpec
+
+    limits = read_limits(Path(os.environ.get("DLROVER_RM_CGROUP_ROOT", CGROUP_ROOT)))
+    if not limits.any:
+        return spec, None
+    quota, note = clamp_quota(spec.quota.resources, limits, spec.minimum_job)
+    if note is None:
+        return spec, None
+    log.warning("%s", note)
+    q = QuotaSpec.model_validate(
+        {"cpu": f"{quota.cpu_millicores}m", "memory": f"{quota.memory_mib}Mi"}
+    )
+    return spec.model_copy(update={"quota": q}), note
 
 
 def check_data(spec: JobSpec) -> tuple[dict[str, Any] | None, str | None]:
@@ -105,7 +132,7 @@ def check_data(spec: JobSpec) -> tuple[dict[str, Any] | None, str | None]:
 def _amend(rd: Path, report: dict[str, Any], data: dict[str, Any] | None) -> None:
     from dlrover_core.runtime.report import amend_report, json_safe
 
-    keys = ("model_dir", "model_held_out", "export_error")
+    keys = ("model_dir", "model_held_out", "export_error", "quota_clamped")
     extra: dict[str, Any] = {k: report[k] for k in keys if k in report}
     if data is not None:
         extra["data"] = data
