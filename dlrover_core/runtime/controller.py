@@ -75,6 +75,7 @@ from dlrover_core.runtime.state import (
     GEN_STARTING,
     STATE_FILE,
     MasterState,
+    NodeRecord,
 )
 from dlrover_core.runtime.strategies.base import NodeCommand, Strategy
 from dlrover_core.spec import JobSpec, parse_spec, spec_to_dict
@@ -1092,17 +1093,7 @@ class JobMaster:
                 if rec.resources
                 else last.node_resources(rec.role, rec.node_id)
             )
-            n = _Node(
-                rec.role,
-                rec.node_id,
-                res,
-                rec.incarnation,
-                rec.generation,
-                relaunches=dict(rec.relaunches),
-            )
-            if rec.ref:
-                n.handle = self.backend.adopt(rec.role, rec.node_id, rec.incarnation, rec.ref)
-            self.nodes[(rec.role, rec.node_id)] = n
+            n = self._adopt_record(rec, res)
             log.info("resume: %s %s", n.name, "adopted" if n.handle else "lost")
             if n.handle is None:
                 lost.append(n)
@@ -1142,6 +1133,22 @@ class JobMaster:
         for i in range(last.workers.count):
             if (Role.WORKER, i) not in self.nodes:
                 self._start_worker(i, last.node_resources(Role.WORKER, i))
+
+    def _adopt_record(self, rec: NodeRecord, res: NodeResources) -> _Node:
+        """The node of a durable record, at ``res``, adopted by its backend ref when it has
+        one (its handle None: lost)."""
+        n = _Node(
+            rec.role,
+            rec.node_id,
+            res,
+            rec.incarnation,
+            rec.generation,
+            relaunches=dict(rec.relaunches),
+        )
+        if rec.ref:
+            n.handle = self.backend.adopt(rec.role, rec.node_id, rec.incarnation, rec.ref)
+        self.nodes[(rec.role, rec.node_id)] = n
+        return n
 
     def _finish(self) -> dict[str, Any]:
         """Stop every node, write the report (whatever happened before), close."""

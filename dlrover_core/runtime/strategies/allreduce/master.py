@@ -289,17 +289,7 @@ class AllReduceMaster(JobMaster):
             ):
                 continue
             res = NodeResources(**rec.resources) if rec.resources else last.workers.resources
-            n = _Node(
-                Role.WORKER,
-                rec.node_id,
-                res,
-                rec.incarnation,
-                rec.generation,
-                relaunches=dict(rec.relaunches),
-            )
-            if rec.ref:
-                n.handle = self.backend.adopt(Role.WORKER, rec.node_id, rec.incarnation, rec.ref)
-            self.nodes[(Role.WORKER, rec.node_id)] = n
+            self._adopt_record(rec, res)
         live = self._live_groups()
         cur = live[-1] if live else None
         complete = (
