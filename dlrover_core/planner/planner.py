@@ -144,13 +144,15 @@ class Planner:
         base = self.initial_plan(history, now_s)
         if not samples:
             return base
-        model, why = self._fit(samples)
+        prior = self.history_samples(history, now_s)  # every sample counts: past runs' too
+        model, why = self._fit([*prior, *samples])
         if model is None:
             return base.replace(reasons=(*base.reasons, f"samples not used: {why}"))
         res = self._search(model, base, (), scaling.SearchLimits(), memory_from=base)
-        return self._scaled_plan(
-            base, res, model, now_s, prefix=f"from {len(samples)} profiled samples"
-        )
+        used = f"from {len(samples)} profiled samples"
+        if prior:
+            used += f" and {len(prior)} of similar past runs"
+        return self._scaled_plan(base, res, model, now_s, prefix=used)
 
     # --- stages 2 and 3 -------------------------------------------------------------------
     def replan(

@@ -83,6 +83,10 @@ def train(
     _amend(rd, report, data)
     if report.get("state") == "succeeded" and master.plan is not None:
         report["history_run_id"] = record_history(spec, report, master, history_url)
+        if report["history_run_id"] is not None and (rd / "report.json").exists():
+            from dlrover_core.runtime.report import amend_report
+
+            amend_report(rd, {"history_run_id": report["history_run_id"]})  # for any reader
     return report
 
 

@@ -1,0 +1,57 @@
+"""Two scheduled runs of the example DAG under ``dag.test()`` with one persisted history store
+(a SQLite file outside the runs, as a connection or ``DLROVER_RM_HISTORY`` gives it): the first
+run is recorded, and the second one's plan starts from it. Real Airflow, real training; slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+from tests.operators.test_airflow_dag import RUNNER, _airflow_env
+
+
+def _run_dag(tmp_path: Path, env: dict[str, str], conf: dict[str, Any]) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, str(RUNNER), json.dumps(conf)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, (run.stdout + run.stderr)[-6000:]
+    res: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    assert res["state"] == "success", res["tis"]
+    return res
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_second_scheduled_run_warm_starts_from_the_first(tmp_path: Path) -> None:
+    home = tmp_path / "airflow"
+    home.mkdir()
+    env = _airflow_env(home)  # DLROVER_RM_HISTORY: one store for both runs
+    mig = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert mig.returncode == 0, mig.stdout[-3000:] + mig.stderr[-3000:]
+    conf = {"overrides": ["data.rows=40000"], "n_configs": 1, "work_dir": str(tmp_path / "w")}
+    first = _run_dag(tmp_path, env, conf)
+    second = _run_dag(tmp_path, env, conf)
+    assert first["report"]["state"] == second["report"]["state"] == "succeeded"
+    # each run's report.json, complete once its train step has ended: both were recorded
+    r1, r2 = (json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("report.json")))
+    assert r1["history_run_id"] is not None and r2["history_run_id"] is not None
+    assert r2["history_run_id"] != r1["history_run_id"]
+    # the plan step of each run (its XCom is this file): the second read the first's record
+    # and fitted its model on the first run's samples too
+    plans = [json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("plan.json"))]
+    assert [p["history"]["records"] for p in plans] == [0, 1], [p["history"] for p in plans]
+    assert "similar past runs" not in plans[0]["reasons"][0], plans[0]["reasons"]
+    assert "similar past runs" in plans[1]["reasons"][0], plans[1]["reasons"]
+    assert r2["plans"][0]["reasons"] == plans[1]["reasons"]  # the job trained on that plan
