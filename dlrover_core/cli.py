@@ -158,7 +158,12 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
-    _write_json(api.submit(a.spec, overrides=a.overrides), None)
+    _write_json(
+        api.submit(
+            a.spec, overrides=a.overrides, plan=a.plan, history_secret=a.history_secret
+        ),
+        None,
+    )
     return 0
 
 
@@ -307,6 +312,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sm = sub.add_parser("submit", help="run the job's master as a Kubernetes Job")
     _spec_args(sm)
+    sm.add_argument(
+        "--plan", help="the master trains on this plan JSON (from `dlrover-rm plan --out`)"
+    )
+    sm.add_argument(
+        "--history-secret",
+        metavar="NAME[:KEY]",
+        help="a Secret holding the history store URL (key 'url' by default): the master "
+        "reads it as $DLROVER_RM_HISTORY; a spec history.url with a password goes into a "
+        "Secret of the job's own",
+    )
     sm.set_defaults(func=cmd_submit)
 
     cn = sub.add_parser("cancel", help="cancel a job submitted to Kubernetes")
