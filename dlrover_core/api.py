@@ -336,9 +336,9 @@ def submit(
             "on Kubernetes the master records every run; give a history store URL or a Secret"
         )
     url = history_url
-    if url is None and history_secret is None and s.history.url:
-        if redact_url(s.history.url) != s.history.url:  # a password: not into the ConfigMap
-            url = s.history.url
+    spec_url = s.history.url
+    if url is None and history_secret is None and spec_url and redact_url(spec_url) != spec_url:
+        url = spec_url  # a password: into the job's Secret, not the ConfigMap
     ref = k8s.parse_secret_ref(history_secret) if history_secret is not None else None
     if url is not None:
         ref = (f"{s.name}-history", k8s.HISTORY_SECRET_KEY)
@@ -412,9 +412,7 @@ def submit_and_follow(
     js = resolve_spec(spec, overrides)
     ns = js.backend.namespace
     try:
-        res = submit(
-            js, plan=plan, history_url=history_url, history_secret=history_secret
-        )
+        res = submit(js, plan=plan, history_url=history_url, history_secret=history_secret)
         log.info("submitted job %s to namespace %s: %s", js.name, ns, ", ".join(res["created"]))
     except JobExistsError:
         log.info("job %s is already submitted in namespace %s: following it", js.name, ns)

@@ -159,9 +159,7 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 def cmd_submit(a: argparse.Namespace) -> int:
     _write_json(
-        api.submit(
-            a.spec, overrides=a.overrides, plan=a.plan, history_secret=a.history_secret
-        ),
+        api.submit(a.spec, overrides=a.overrides, plan=a.plan, history_secret=a.history_secret),
         None,
     )
     return 0

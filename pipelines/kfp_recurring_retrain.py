@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from components import BASE_IMAGE  # noqa: E402
 from components.plan.component import dlrover_plan  # noqa: E402
 from components.profile.component import dlrover_profile  # noqa: E402
 from components.train.component import dlrover_train  # noqa: E402
-from components import BASE_IMAGE  # noqa: E402
 from dlrover_core.api import SUBMITTER_RESOURCES  # noqa: E402
 from dlrover_core.units import format_cpu, format_memory  # noqa: E402
 
@@ -98,7 +98,7 @@ def recurring_retrain(
 )
 def recurring_retrain_k8s(
     spec_yaml: str = DEFAULT_SPEC,
-    overrides: list = K8S_OVERRIDES,  # noqa: B006 (KFP reads the default; it is never mutated)
+    overrides: list = K8S_OVERRIDES,
     n_configs: int = 6,
     history_secret: str = HISTORY_SECRET,
     state_pvc: str = STATE_PVC,
@@ -160,7 +160,9 @@ def run_local(
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
     over = list(LOCAL_OVERRIDES if overrides is None else overrides)
     if kubernetes:
-        return recurring_retrain_k8s(overrides=[*K8S_OVERRIDES, *over], n_configs=n_configs, **params)
+        return recurring_retrain_k8s(
+            overrides=[*K8S_OVERRIDES, *over], n_configs=n_configs, **params
+        )
     return recurring_retrain(overrides=over, n_configs=n_configs, **params)
 
 

@@ -101,7 +101,11 @@ def plan_view(plan: Mapping[str, Any]) -> View:
     if plan.get("total"):
         v.figures.append(("total", _size(plan["total"])))
     if plan.get("train_step"):
-        hosts = "submits and follows" if plan.get("backend") == "kubernetes" else "all nodes + the master"
+        hosts = (
+            "submits and follows"
+            if plan.get("backend") == "kubernetes"
+            else "all nodes + the master"
+        )
         v.figures.append((f"train step pod ({hosts})", _size(plan["train_step"])))
     pred = plan.get("predicted_throughput_sps")
     v.figures.append(
