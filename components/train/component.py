@@ -122,11 +122,14 @@ def dlrover_train(
         # artifacts need (this task mounts the claim where the master wrote them)
         Path(run.path).mkdir(parents=True, exist_ok=True)
         src = Path(str(report.get("run_dir") or "/nonexistent"))
-        for name in ("report.json", "report.png", "master.json"):
+        for name in ("report.png", "master.json"):
             if (src / name).is_file():
                 shutil.copy2(src / name, Path(run.path) / name)
-        if not (src / "report.json").is_file():
-            Path(run.path, "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        from dlrover_core.runtime.report import json_safe
+
+        # the master's report.json with what it learnt after (history run id, job, namespace)
+        text = json.dumps(json_safe(report), indent=2, allow_nan=False)
+        Path(run.path, "report.json").write_text(text + "\n", encoding="utf-8")
         mdir = Path(str(report.get("model_dir") or "/nonexistent"))
         if report["state"] == "succeeded" and (mdir / "model_card.json").is_file():
             shutil.copytree(mdir, model.path, dirs_exist_ok=True)

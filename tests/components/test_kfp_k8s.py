@@ -225,16 +225,24 @@ def test_k8s_pipeline_runs_under_kfp_local(
             "data.rows=20000",
             "data.eval_rows=2000",
         ]
-        pipeline.run_local(
-            overrides=over,
-            pipeline_root=str(tmp_path / "root"),
-            kubernetes=True,
-            history_secret="team-history",
-            state_pvc="dlrover-rm-state",
-            poll_interval=0.5,
-        )  # kfp.local raises if a task fails
-        (job,) = c.job_objects()
-        (cm,) = c.server.api.objects_of("configmaps", NAMESPACE)
+        # two scheduled runs when a real store is there: the second warm-starts from the first
+        roots = [tmp_path / "root1", tmp_path / "root2"] if real else [tmp_path / "root1"]
+        for root in roots:
+            pipeline.run_local(
+                overrides=over,
+                pipeline_root=str(root),
+                kubernetes=True,
+                history_secret="team-history",
+                state_pvc="dlrover-rm-state",
+                poll_interval=0.5,
+            )  # kfp.local raises if a task fails
+        jobs = sorted(c.job_objects(), key=lambda j: j["metadata"]["creationTimestamp"])
+        job = jobs[0]
+        cm = next(
+            m
+            for m in c.server.api.objects_of("configmaps", NAMESPACE)
+            if m["metadata"]["name"] == job["metadata"]["name"].removesuffix("-master") + "-spec"
+        )
         masters = [
             p for p in c.pods() if p["metadata"]["labels"].get("dlrover-rm/role") == "master"
         ]
@@ -244,7 +252,7 @@ def test_k8s_pipeline_runs_under_kfp_local(
         )
     log = capfd.readouterr()
     text = log.out + log.err
-    (run,) = [p for p in (tmp_path / "root").iterdir() if p.is_dir()]
+    (run,) = [p for p in (tmp_path / "root1").iterdir() if p.is_dir()]
     train_out = json.loads((run / "dlrover-train" / "executor_output.json").read_text())
     assert train_out["parameterValues"]["Output"] == "succeeded", text[-5000:]
     # a job of this run's own (the run id's hash in its name), on the plan the plan step made
@@ -258,7 +266,8 @@ def test_k8s_pipeline_runs_under_kfp_local(
     assert json.loads(cm["data"]["plan.json"])["workers"] == plan["workers"]
     # the master's log streamed into the task's log, and its report came back
     job_name = name.removesuffix("-master")
-    assert f"{masters[0]['metadata']['name']} | job {job_name} succeeded" in text
+    (first,) = [p for p in masters if p["metadata"]["labels"]["dlrover-rm/job"] == job_name]
+    assert f"{first['metadata']['name']} | job {job_name} succeeded" in text
     report = json.loads((run / "dlrover-train" / "run" / "report.json").read_text())
     assert report["state"] == "succeeded" and report["shards_done"] == report["shards_total"]
     assert report["auc"] is not None and report["auc"] > 0.6
@@ -286,15 +295,23 @@ def test_k8s_pipeline_runs_under_kfp_local(
         ("the plan", json.dumps(plan)),
     ):
         assert PASSWORD not in blob, f"the history password is in {where}"
-    if real:  # the run was recorded in the store the Secret names
+    if real:  # the runs were recorded in the store the Secret names; the second read the first
         from dlrover_core.history.store import HistoryStore
 
+        assert len(jobs) == 2 and report["history_run_id"] is not None
         store = HistoryStore(url)
         try:
-            assert report["history_run_id"] is not None
-            assert any(r["job"] == job_name for r in store.runs(limit=50))
+            recorded = {r["job"] for r in store.runs(limit=50)}
         finally:
             store.close()
+        second = jobs[1]["metadata"]["name"].removesuffix("-master")
+        assert {job_name, second} <= recorded, recorded
+        (run2,) = [p for p in (tmp_path / "root2").iterdir() if p.is_dir()]
+        plan2 = json.loads((run2 / "dlrover-plan" / "plan").read_text())
+        assert plan2["history"]["records"] >= 1, plan2["history"]
+        assert plan2["history"]["store"].startswith("postgresql://dlrover:***@"), plan2["history"]
+        assert PASSWORD not in json.dumps(plan2)
+        print(f"second run's plan: {plan2['stage']}, {plan2['history']}", file=sys.stderr)
     else:  # the master tried the store it read from the Secret (redacted in its warning)
         assert "dlrover:***@127.0.0.1:9" in master_log, master_log[-3000:]
     assert live == [] and procs == {}, (live, procs)
