@@ -191,16 +191,22 @@ def test_a_secret_of_ones_own_is_referenced_and_a_bad_one_refused(tmp_path: Path
     }
 
 
-def _history_url() -> tuple[str, bool]:
-    """A PostgreSQL URL with a password: ``$DLROVER_RM_TEST_PG_URL`` (a real server, trust
-    auth, so any password goes) with the test's password put in, else one nothing listens
-    on (the master then warns, redacted, and plans cold)."""
+def _history_url() -> tuple[str, str, bool]:
+    """``(url, secret, real)``: a PostgreSQL URL with a password and the text that must
+    never appear in clear. ``$DLROVER_RM_TEST_PG_URL`` when set (a real server: its own
+    password, else the test's, which trust auth lets through; the secret is then
+    ``:password@``, the URL form, as a short CI password may be a common word), else a URL
+    nothing listens on (the master then warns, redacted, and plans cold)."""
     real = os.environ.get("DLROVER_RM_TEST_PG_URL")
     if not real:
-        return f"postgresql://dlrover:{PASSWORD}@127.0.0.1:9/dlrover", False
+        return f"postgresql://dlrover:{PASSWORD}@127.0.0.1:9/dlrover", PASSWORD, False
     from sqlalchemy import make_url
 
-    return make_url(real).set(password=PASSWORD).render_as_string(hide_password=False), True
+    u = make_url(real)
+    if u.password is None:
+        u = u.set(password=PASSWORD)
+        return u.render_as_string(hide_password=False), PASSWORD, True
+    return u.render_as_string(hide_password=False), f":{u.password}@", True
 
 
 @pytest.mark.slow
@@ -208,7 +214,7 @@ def _history_url() -> tuple[str, bool]:
 def test_k8s_pipeline_runs_under_kfp_local(
     tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, real = _history_url()
+    url, secret, real = _history_url()
     # kfp.local ignores the kfp-kubernetes settings: the plan task reads this process's env,
     # as the Secret would give it on a cluster
     monkeypatch.setenv("DLROVER_RM_HISTORY", url)
@@ -294,7 +300,7 @@ def test_k8s_pipeline_runs_under_kfp_local(
         ("the report", json.dumps(report)),
         ("the plan", json.dumps(plan)),
     ):
-        assert PASSWORD not in blob, f"the history password is in {where}"
+        assert secret not in blob, f"the history password is in {where}"
     if real:  # the runs were recorded in the store the Secret names; the second read the first
         from dlrover_core.history.store import HistoryStore
 
@@ -310,7 +316,7 @@ def test_k8s_pipeline_runs_under_kfp_local(
         plan2 = json.loads((run2 / "dlrover-plan" / "plan").read_text())
         assert plan2["history"]["records"] >= 1, plan2["history"]
         assert plan2["history"]["store"].startswith("postgresql://dlrover:***@"), plan2["history"]
-        assert PASSWORD not in json.dumps(plan2)
+        assert secret not in json.dumps(plan2)
         print(f"second run's plan: {plan2['stage']}, {plan2['history']}", file=sys.stderr)
     else:  # the master tried the store it read from the Secret (redacted in its warning)
         assert "dlrover:***@127.0.0.1:9" in master_log, master_log[-3000:]
