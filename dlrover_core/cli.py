@@ -13,7 +13,10 @@ from typing import Any
 from dlrover_core import __version__, api
 from dlrover_core.errors import DLRoverError, InputError
 
-EXAMPLE_SPEC = Path(__file__).resolve().parent.parent / "pipelines" / "specs" / "small.yaml"
+# pipelines/ in a checkout, dlrover_rm/pipelines (a link to it there) in an installed wheel
+EXAMPLE_SPEC = (
+    Path(__file__).resolve().parent.parent / "dlrover_rm" / "pipelines" / "specs" / "small.yaml"
+)
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:

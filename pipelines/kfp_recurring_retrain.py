@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from components import BASE_IMAGE  # noqa: E402
-from components.plan.component import dlrover_plan  # noqa: E402
-from components.profile.component import dlrover_profile  # noqa: E402
-from components.train.component import dlrover_train  # noqa: E402
 from dlrover_core.api import SUBMITTER_RESOURCES  # noqa: E402
 from dlrover_core.units import format_cpu, format_memory  # noqa: E402
+from dlrover_rm.components import BASE_IMAGE  # noqa: E402
+from dlrover_rm.components.plan.component import dlrover_plan  # noqa: E402
+from dlrover_rm.components.profile.component import dlrover_profile  # noqa: E402
+from dlrover_rm.components.train.component import dlrover_train  # noqa: E402
 
 # The example spec as one line of JSON (JSON is YAML): the KFP compiler copies parameter
 # defaults into a header comment, and a multi-line default would break the YAML it writes.

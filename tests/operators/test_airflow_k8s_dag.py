@@ -28,8 +28,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from test_airflow_dag import RUNNER, _airflow_env
 
 from dlrover_core import api
-from operators.operators import DLRoverTrainOperator
-from operators.triggers import DLRoverKubernetesJobTrigger
+from dlrover_rm.operators.operators import DLRoverTrainOperator
+from dlrover_rm.operators.triggers import DLRoverKubernetesJobTrigger
 
 pytestmark = pytest.mark.slow
 DAGS = Path(__file__).resolve().parent / "dags"

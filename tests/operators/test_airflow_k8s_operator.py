@@ -16,8 +16,8 @@ pytest.importorskip("airflow")
 from _k8s import K8S_OVERRIDES, NAMESPACE, SPEC, cluster, until
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from operators.operators import DLRoverTrainOperator
-from operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
+from dlrover_rm.operators.operators import DLRoverTrainOperator
+from dlrover_rm.operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
 
 
 class _TI:
@@ -112,7 +112,7 @@ def test_the_connections_history_goes_to_the_master_in_a_secret_the_job_owns(
 ) -> None:
     import base64
 
-    import operators.operators as ops
+    import dlrover_rm.operators.operators as ops
 
     password = "s3cret-in-airflow"
     url = f"postgresql://user:{password}@db.example/hist"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
-from operators.operators import DLRoverPlanOperator, DLRoverTrainOperator
+from dlrover_rm.operators.operators import DLRoverPlanOperator, DLRoverTrainOperator
 
 SPEC = str(Path(__file__).resolve().parents[3] / "pipelines" / "specs" / "small.yaml")
 

@@ -34,8 +34,8 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
-from operators.hooks import DLRoverHook
-from operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
+from dlrover_rm.operators.hooks import DLRoverHook
+from dlrover_rm.operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
 
 JOB_FILE = "airflow-job.json"
 PLAN_FILE = "airflow-plan.json"
