@@ -321,3 +321,24 @@ def test_k8s_pipeline_runs_under_kfp_local(
     else:  # the master tried the store it read from the Secret (redacted in its warning)
         assert "dlrover:***@127.0.0.1:9" in master_log, master_log[-3000:]
     assert live == [] and procs == {}, (live, procs)
+
+
+def test_a_retried_step_follows_its_job_instead_of_submitting_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = yaml.safe_load(pipeline.DEFAULT_SPEC)
+    with cluster(tmp_path, run_pods=False) as c, caplog.at_level("INFO"):
+        api.submit(spec, overrides=K8S_OVERRIDES)
+        uid = c.job_objects()[0]["metadata"]["uid"]
+        # the retried step: the same job name; nobody runs the master pod here
+        report = api.submit_and_follow(
+            spec, overrides=K8S_OVERRIDES, poll_interval=0.1, start_timeout=1.0
+        )
+        (job,) = c.job_objects()
+    assert job["metadata"]["uid"] == uid  # not submitted again
+    assert "job small is already submitted in namespace dlrover: following it" in caplog.text
+    assert report["state"] == "failed" and (report["job"], report["namespace"]) == (
+        "small",
+        NAMESPACE,
+    )
+    assert report["failure"].startswith("no master of job small in namespace dlrover started")
