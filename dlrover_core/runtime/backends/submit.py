@@ -35,6 +35,7 @@ client; the CLI calls them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -267,8 +268,6 @@ def parse_secret_ref(value: str, what: str = "--history-secret") -> tuple[str, s
     for anything that is not a Secret name."""
     name, _, key = value.strip().partition(":")
     key = key or HISTORY_SECRET_KEY
-    import re
-
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name) or not re.fullmatch(
         r"[-._a-zA-Z0-9]{1,253}", key
     ):
