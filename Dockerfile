@@ -1,4 +1,4 @@
-# The component image for the Kubeflow Pipelines components (components/*/component.py use
+# The component image for the Kubeflow Pipelines components (dlrover_rm/components/*/component.py use
 # base_image="dlrover-rm:0.1.0"; they install nothing at run time, kfp included).
 #   docker build -t dlrover-rm:0.1.0 .
 # The steps mirror the Makefile's venv target: torch (CPU wheel) and fbgemm-gpu-cpu from the

@@ -24,6 +24,11 @@ SpecLike = str | Path | Mapping[str, Any] | JobSpec
 MASTER_RESOURCES = NodeResources(cpu_millicores=500, memory_mib=1024)
 """What the job master itself needs beside the nodes (measured: ~0.2 core, ~400 MiB RSS)."""
 
+SUBMITTER_RESOURCES = NodeResources(cpu_millicores=250, memory_mib=512)
+"""A pipeline step that submits a job to Kubernetes and follows it (the master and the nodes
+run in pods of their own): the Kubernetes client polling, the log streamed, the report
+rendered. Measured: see notes/issue-11.md."""
+
 log = logging.getLogger(__name__)
 
 
@@ -120,9 +125,11 @@ def plan(
     t0 = time.perf_counter()
     p = Planner(js).offline_plan(smp, recs, now_s if now_s is not None else time.time())
     out = p.to_dict()
-    # a pipeline step that runs the whole job (local backend) hosts every node plus the master
-    step = p.total + MASTER_RESOURCES
+    # a pipeline step that runs the whole job (local backend) hosts every node plus the
+    # master; on Kubernetes it only submits and follows (the master and the nodes are pods)
+    step = SUBMITTER_RESOURCES if js.backend.kind == "kubernetes" else p.total + MASTER_RESOURCES
     out["train_step"] = step.to_dict()
+    out["backend"] = js.backend.kind
     out["job"] = js.name
     out["signature"] = js.signature_key
     out["planning_ms"] = round((time.perf_counter() - t0) * 1000, 3)
@@ -294,29 +301,139 @@ def submit(
     *,
     overrides: Iterable[str] = (),
     plan: str | Path | Mapping[str, Any] | None = None,
+    history_url: str | None = None,
+    history_secret: str | None = None,
 ) -> dict[str, Any]:
     """Submit the job to Kubernetes: its master as a Job (restarted by the control plane; it
     resumes from its state on the volume), with its Service, token Secret, spec ConfigMap,
     NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``. ``plan`` (a plan dict
     or a plan file from ``plan``) travels in the ConfigMap and the master trains on it;
-    without one the master plans the job itself."""
+    without one the master plans the job itself.
+
+    The run history the master reads and records to: ``history_secret`` (``NAME`` or
+    ``NAME:KEY`` of a Secret you made, key ``url`` by default), or ``history_url``, which
+    goes into a Secret of the job's own (``<job>-history``, owned by the Job), or the spec's
+    ``history.url`` (moved into that Secret when it holds a password). Either way the master
+    reads it as ``$DLROVER_RM_HISTORY`` from the Secret: the URL is never in the ConfigMap,
+    the master's command line or a log line."""
     import secrets
 
     import yaml
 
+    from dlrover_core.history.redact import redact_url
     from dlrover_core.runtime.backends import submit as k8s
     from dlrover_core.runtime.backends.kubernetes_api import _default_client
     from dlrover_core.spec import spec_to_dict
 
     s = resolve_spec(spec, overrides)
     rp = _resolve_plan(plan)
+    if history_url is not None and history_secret is not None:
+        raise InputError(
+            "give the history store as a URL or as a Secret (--history-secret), not both"
+        )
+    if history_url is not None and history_url.lower() in NO_HISTORY:
+        raise InputError(
+            "on Kubernetes the master records every run; give a history store URL or a Secret"
+        )
+    url = history_url
+    spec_url = s.history.url
+    if url is None and history_secret is None and spec_url and redact_url(spec_url) != spec_url:
+        url = spec_url  # a password: into the job's Secret, not the ConfigMap
+    ref = k8s.parse_secret_ref(history_secret) if history_secret is not None else None
+    if url is not None:
+        ref = (f"{s.name}-history", k8s.HISTORY_SECRET_KEY)
+    if ref is not None and s.history.url:
+        s = resolve_spec(s, ["history.url=null"])  # the Secret's URL wins (the env is read)
     cfg = k8s.MasterConfig.from_spec(
         s,
         yaml.safe_dump(spec_to_dict(s), sort_keys=False),
         plan_json=json.dumps(rp.to_dict(), allow_nan=False) if rp is not None else None,
+        history_secret=ref,
     )
-    created = k8s.submit(_default_client(), cfg, secrets.token_hex(32))
-    return {"job": s.name, "namespace": cfg.namespace, "created": created}
+    created = k8s.submit(_default_client(), cfg, secrets.token_hex(32), history_url=url)
+    out: dict[str, Any] = {"job": s.name, "namespace": cfg.namespace, "created": created}
+    out["history"] = {"secret": f"{ref[0]}:{ref[1]}"} if ref is not None else None
+    return out
+
+
+def follow(
+    job: str,
+    namespace: str = "default",
+    *,
+    poll_interval: float = 5.0,
+    start_timeout: float = 600.0,
+    outage_s: float = 300.0,
+    on_line: Any = None,
+) -> dict[str, Any]:
+    """Wait for a submitted job through the Kubernetes API, handing each new line of its
+    master's log to ``on_line(pod, line)`` (default: log it); returns ``{"status", "job",
+    "namespace", "message", "report"}``, ``report`` being the master's report line (see
+    :func:`report_line`)."""
+    from dlrover_core.runtime.backends import submit as k8s
+    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+
+    def log_line(pod: str, line: str) -> None:
+        log.info("%s | %s", pod, line)
+
+    def retry(e: Exception) -> None:
+        log.warning("cannot read job %s in namespace %s (retrying): %s", job, namespace, e)
+
+    return k8s.follow(
+        _default_client,
+        namespace,
+        job,
+        poll_interval=poll_interval,
+        start_timeout=start_timeout,
+        outage_s=outage_s,
+        on_line=on_line or log_line,
+        on_retry=retry,
+    )
+
+
+def submit_and_follow(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    plan: str | Path | Mapping[str, Any] | None = None,
+    history_url: str | None = None,
+    history_secret: str | None = None,
+    poll_interval: float = 5.0,
+    start_timeout: float = 600.0,
+    on_line: Any = None,
+) -> dict[str, Any]:
+    """:func:`submit` then :func:`follow`: what a pipeline step on Kubernetes runs (it hosts
+    neither the master nor the nodes). A job of that name already submitted is followed, not
+    submitted again (a retried step attaches to its own job). Returns the job's report:
+    ``report.json`` from the state volume when this process mounts it where the master
+    wrote it (``run_dir``), else the master's report line; a job that ended without either
+    gives ``{"state": "failed", "failure": why}``. ``job`` and ``namespace`` are set."""
+    from dlrover_core.runtime.backends.submit import JobExistsError
+
+    js = resolve_spec(spec, overrides)
+    ns = js.backend.namespace
+    try:
+        res = submit(js, plan=plan, history_url=history_url, history_secret=history_secret)
+        log.info("submitted job %s to namespace %s: %s", js.name, ns, ", ".join(res["created"]))
+    except JobExistsError:
+        log.info("job %s is already submitted in namespace %s: following it", js.name, ns)
+    ev = follow(
+        js.name, ns, poll_interval=poll_interval, start_timeout=start_timeout, on_line=on_line
+    )
+    report: dict[str, Any] = dict(ev.get("report") or {})
+    rd = report.get("run_dir")
+    full = Path(str(rd)) / "report.json" if rd else None
+    if full is not None and full.is_file():
+        try:
+            report = {**json.loads(full.read_text(encoding="utf-8")), **report}
+        except (OSError, ValueError) as e:
+            log.warning("cannot read %s (%s): using the master's report line", full, e)
+    if ev["status"] != "succeeded" or not report.get("state"):
+        report.setdefault("state", "failed")
+        if report["state"] == "succeeded":
+            report["state"] = str(ev["status"])
+        report["failure"] = report.get("failure") or ev["message"]
+    report.update(job=js.name, namespace=ns)
+    return report
 
 
 def job_status(job: str, namespace: str = "default") -> dict[str, Any]:

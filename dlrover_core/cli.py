@@ -13,7 +13,10 @@ from typing import Any
 from dlrover_core import __version__, api
 from dlrover_core.errors import DLRoverError, InputError
 
-EXAMPLE_SPEC = Path(__file__).resolve().parent.parent / "pipelines" / "specs" / "small.yaml"
+# pipelines/ in a checkout, dlrover_rm/pipelines (a link to it there) in an installed wheel
+EXAMPLE_SPEC = (
+    Path(__file__).resolve().parent.parent / "dlrover_rm" / "pipelines" / "specs" / "small.yaml"
+)
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
@@ -158,7 +161,10 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
-    _write_json(api.submit(a.spec, overrides=a.overrides), None)
+    _write_json(
+        api.submit(a.spec, overrides=a.overrides, plan=a.plan, history_secret=a.history_secret),
+        None,
+    )
     return 0
 
 
@@ -307,6 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sm = sub.add_parser("submit", help="run the job's master as a Kubernetes Job")
     _spec_args(sm)
+    sm.add_argument(
+        "--plan", help="the master trains on this plan JSON (from `dlrover-rm plan --out`)"
+    )
+    sm.add_argument(
+        "--history-secret",
+        metavar="NAME[:KEY]",
+        help="a Secret holding the history store URL (key 'url' by default): the master "
+        "reads it as $DLROVER_RM_HISTORY; a spec history.url with a password goes into a "
+        "Secret of the job's own",
+    )
     sm.set_defaults(func=cmd_submit)
 
     cn = sub.add_parser("cancel", help="cancel a job submitted to Kubernetes")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
-from operators.operators import (
+from dlrover_rm.operators.operators import (
     DLRoverPlanOperator,
     DLRoverProfileOperator,
     DLRoverTrainOperator,

@@ -1,10 +1,20 @@
 """The example recurring DLRM retrain as a Kubeflow pipeline: profile → plan → train.
 
-The train task's CPU and memory requests and limits come from the plan task's outputs, so KFP
-compiles them to run-time placeholders and each run's training pod is sized by its own plan.
+Two shapes of one pipeline:
 
-    python pipelines/kfp_recurring_retrain.py --compile OUT.yaml   # write the pipeline YAML
-    python pipelines/kfp_recurring_retrain.py --local              # run it here (kfp.local)
+- ``recurring_retrain`` (local backend): the train task runs the whole job in its pod; its CPU
+  and memory requests and limits come from the plan task's outputs, so KFP compiles them to
+  run-time placeholders and each run's training pod is sized by its own plan.
+- ``recurring_retrain_k8s`` (``backend.kind: kubernetes``): the train task submits the job's
+  master as a Kubernetes Job and follows it (the master and every node are pods of their
+  own), so its pod is sized for that alone (``api.SUBMITTER_RESOURCES``). The run history's
+  URL comes from a Secret (``history_secret``, key ``url``): the plan task reads it as
+  ``$DLROVER_RM_HISTORY`` (kfp-kubernetes), the master Job the same way; it is never a
+  pipeline parameter. The job's state claim is mounted in the train task, so the report and
+  the model come back as artifacts.
+
+    python pipelines/kfp_recurring_retrain.py --compile OUT.yaml [--kubernetes]
+    python pipelines/kfp_recurring_retrain.py --local [--kubernetes]   # run it here (kfp.local)
 """
 
 import argparse
@@ -20,9 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from components.plan.component import dlrover_plan  # noqa: E402
-from components.profile.component import dlrover_profile  # noqa: E402
-from components.train.component import dlrover_train  # noqa: E402
+from dlrover_core.api import SUBMITTER_RESOURCES  # noqa: E402
+from dlrover_core.units import format_cpu, format_memory  # noqa: E402
+from dlrover_rm.components import BASE_IMAGE  # noqa: E402
+from dlrover_rm.components.plan.component import dlrover_plan  # noqa: E402
+from dlrover_rm.components.profile.component import dlrover_profile  # noqa: E402
+from dlrover_rm.components.train.component import dlrover_train  # noqa: E402
 
 # The example spec as one line of JSON (JSON is YAML): the KFP compiler copies parameter
 # defaults into a header comment, and a multi-line default would break the YAML it writes.
@@ -30,6 +43,16 @@ DEFAULT_SPEC = json.dumps(
     yaml.safe_load((Path(__file__).resolve().parent / "specs" / "small.yaml").read_text())
 )
 COMPILED = Path(__file__).resolve().with_suffix(".yaml")
+COMPILED_K8S = COMPILED.with_name(COMPILED.stem + "_k8s.yaml")
+# The Kubernetes shape's defaults: the job's master and nodes run on the components' image.
+K8S_OVERRIDES = [
+    "backend.kind=kubernetes",
+    "backend.namespace=dlrover",
+    f"backend.image={BASE_IMAGE}",
+]
+HISTORY_SECRET = "dlrover-rm-history"  # key "url": a SQLAlchemy URL (PostgreSQL, ...)
+STATE_PVC = "dlrover-rm-state"  # ReadWriteMany, shared by the runs (runs/<job> each)
+STATE_MOUNT = "/var/lib/dlrover-rm"  # backend.state_mount_path's default
 # Settings that keep a --local run short on a small machine (2 profile configs, few rows).
 LOCAL_OVERRIDES = ["data.rows=20000", "data.eval_rows=2000"]
 LOCAL_N_CONFIGS = 2
@@ -68,8 +91,55 @@ def recurring_retrain(
     profile_task.set_caching_options(False)
 
 
-def compile_pipeline(out: "str | Path") -> Path:
-    compiler.Compiler().compile(recurring_retrain, package_path=str(out))
+@dsl.pipeline(
+    name="dlrm-recurring-retrain-k8s",
+    description="Profile, plan and train a DLRM job on Kubernetes: the train step submits "
+    "the job's master as a Kubernetes Job and follows it; history from a Secret.",
+)
+def recurring_retrain_k8s(
+    spec_yaml: str = DEFAULT_SPEC,
+    overrides: list = K8S_OVERRIDES,
+    n_configs: int = 6,
+    history_secret: str = HISTORY_SECRET,
+    state_pvc: str = STATE_PVC,
+    poll_interval: float = 5.0,
+):
+    from kfp import kubernetes
+
+    profile_task = dlrover_profile(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    plan_task = dlrover_plan(
+        spec_yaml=spec_yaml, samples=profile_task.outputs["samples"], overrides=overrides
+    )
+    # warm start: the plan step reads the store through $DLROVER_RM_HISTORY (the default
+    # store), from the Secret; optional, so a cluster without one plans cold
+    kubernetes.use_secret_as_env(
+        plan_task,
+        secret_name=history_secret,
+        secret_key_to_env={"url": "DLROVER_RM_HISTORY"},
+        optional=True,
+    )
+    train_task = dlrover_train(
+        spec_yaml=spec_yaml,
+        plan=plan_task.outputs["plan"],
+        overrides=overrides,
+        history_secret=history_secret,
+        state_pvc=state_pvc,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        poll_interval=poll_interval,
+    )
+    # the master and the nodes are pods of their own: this pod only submits and follows
+    cpu = format_cpu(SUBMITTER_RESOURCES.cpu_millicores)
+    memory = format_memory(SUBMITTER_RESOURCES.memory_mib)
+    train_task.set_cpu_request(cpu).set_cpu_limit(cpu)
+    train_task.set_memory_request(memory).set_memory_limit(memory)
+    kubernetes.mount_pvc(train_task, pvc_name=state_pvc, mount_path=STATE_MOUNT)
+    train_task.set_caching_options(False)
+    profile_task.set_caching_options(False)
+
+
+def compile_pipeline(out: "str | Path", kubernetes: bool = False) -> Path:
+    fn = recurring_retrain_k8s if kubernetes else recurring_retrain
+    compiler.Compiler().compile(fn, package_path=str(out))
     return Path(out)
 
 
@@ -77,15 +147,23 @@ def run_local(
     overrides: list[str] | None = None,
     n_configs: int = LOCAL_N_CONFIGS,
     pipeline_root: str | None = None,
+    kubernetes: bool = False,
+    **params: object,
 ) -> object:
-    """Run the pipeline end to end on this machine (no Docker); returns the pipeline task."""
+    """Run the pipeline end to end on this machine (no Docker); returns the pipeline task.
+    With ``kubernetes`` the Kubernetes shape, against the cluster ``$KUBECONFIG`` names
+    (kfp.local ignores the kfp-kubernetes settings: the history Secret's URL comes from this
+    process's ``$DLROVER_RM_HISTORY``, the claim is not mounted)."""
     from kfp import local
 
     root = pipeline_root or tempfile.mkdtemp(prefix="dlrover-kfp-")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
-    return recurring_retrain(
-        overrides=list(LOCAL_OVERRIDES if overrides is None else overrides), n_configs=n_configs
-    )
+    over = list(LOCAL_OVERRIDES if overrides is None else overrides)
+    if kubernetes:
+        return recurring_retrain_k8s(
+            overrides=[*K8S_OVERRIDES, *over], n_configs=n_configs, **params
+        )
+    return recurring_retrain(overrides=over, n_configs=n_configs, **params)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,11 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--n-configs", type=int, default=LOCAL_N_CONFIGS, help="profile configs")
     ap.add_argument("--pipeline-root", help="where --local writes artifacts (default: a temp dir)")
+    ap.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="the Kubernetes shape (train submits the master as a Job; history from a Secret)",
+    )
     args = ap.parse_args(argv)
     if args.compile:
-        print(compile_pipeline(args.compile))
+        print(compile_pipeline(args.compile, kubernetes=args.kubernetes))
         return 0
-    run_local(args.overrides, args.n_configs, args.pipeline_root)
+    run_local(args.overrides, args.n_configs, args.pipeline_root, kubernetes=args.kubernetes)
     return 0
 
 

@@ -197,3 +197,84 @@ def test_log_json_lines_are_redacted(capsys: pytest.CaptureFixture[str]) -> None
     from dlrover_core import logs
 
     logs.setup("warning")  # back to the default for the other tests
+
+
+# --------------------------------------------------------------- submit (Kubernetes)
+
+
+@pytest.fixture
+def k8s_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The test API server and the Job controller stand-in (no kubelet: nothing trains)."""
+    pytest.importorskip("kmock")
+    ops = str(Path(__file__).resolve().parent / "operators")
+    if ops not in sys.path:
+        sys.path.append(ops)
+    from _k8s import cluster
+
+    with cluster(tmp_path / "k8s", run_pods=False) as c:
+        yield c
+
+
+K8S = ["--set", "backend.kind=kubernetes", "--set", "backend.namespace=dlrover"]
+
+
+def test_submit_with_a_plan(
+    tmp_path: Path, k8s_cluster: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--spec", SMALL, "--history", "none", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["submit", "--spec", SMALL, *K8S, "--plan", str(plan)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["job"] == "small" and "Job/small-master" in out["created"]
+    api = k8s_cluster.server.api  # type: ignore[attr-defined]
+    (cm,) = api.objects_of("configmaps", "dlrover")
+    (job,) = api.objects_of("jobs", "dlrover", group="batch")
+    sent = json.loads(cm["data"]["plan.json"])
+    assert sent["workers"] == json.loads(plan.read_text())["workers"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == [
+        "--plan",
+        "/etc/dlrover-rm/plan.json",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("[1, 2]", "holds a JSON list, not a plan"),
+        ('"a plan"', "holds a JSON str, not a plan"),
+        ("{not json", "is not valid JSON"),
+        ('{"workers": {}}', "is not a plan written by `dlrover-rm plan`"),
+        (None, "does not exist; write one with `dlrover-rm plan --out`"),
+    ],
+    ids=["list", "string", "not-json", "fields", "missing"],
+)
+def test_submit_with_a_bad_plan_is_one_line_and_creates_nothing(
+    tmp_path: Path,
+    k8s_cluster: object,
+    capsys: pytest.CaptureFixture[str],
+    content: str | None,
+    needle: str,
+) -> None:
+    plan = tmp_path / "p.json"
+    if content is not None:
+        plan.write_text(content)
+    assert main(["submit", "--spec", SMALL, *K8S, "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err, err
+    assert str(plan) in err
+    assert k8s_cluster.server.api.objects_of("jobs", "dlrover", group="batch") == []  # type: ignore[attr-defined]
+    assert k8s_cluster.server.api.objects_of("secrets", "dlrover") == []  # type: ignore[attr-defined]
+
+
+def test_submit_history_secret(k8s_cluster: object, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["submit", "--spec", SMALL, *K8S, "--history-secret", "Not A Name"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not NAME or NAME:KEY of a Secret" in err, err
+    assert main(["submit", "--spec", SMALL, *K8S, "--history-secret", "team-history"]) == 0
+    assert json.loads(capsys.readouterr().out)["history"] == {"secret": "team-history:url"}
+    (job,) = k8s_cluster.server.api.objects_of("jobs", "dlrover", group="batch")  # type: ignore[attr-defined]
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DLROVER_RM_HISTORY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "team-history", "key": "url"}
+    }

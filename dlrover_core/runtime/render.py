@@ -101,7 +101,12 @@ def plan_view(plan: Mapping[str, Any]) -> View:
     if plan.get("total"):
         v.figures.append(("total", _size(plan["total"])))
     if plan.get("train_step"):
-        v.figures.append(("train step pod (all nodes + the master)", _size(plan["train_step"])))
+        hosts = (
+            "submits and follows"
+            if plan.get("backend") == "kubernetes"
+            else "all nodes + the master"
+        )
+        v.figures.append((f"train step pod ({hosts})", _size(plan["train_step"])))
     pred = plan.get("predicted_throughput_sps")
     v.figures.append(
         ("predicted throughput", f"{_num(pred)} samples/s" if pred is not None else "no model yet")

@@ -15,11 +15,11 @@ pytest.importorskip("kfp")
 
 from kfp.dsl import HTML, Artifact, Dataset, Markdown, Metrics, Model
 
-from components.plan.component import dlrover_plan
-from components.profile.component import dlrover_profile
-from components.train.component import dlrover_train
 from dlrover_core import api
 from dlrover_core.units import cpu_millicores, memory_mib
+from dlrover_rm.components.plan.component import dlrover_plan
+from dlrover_rm.components.profile.component import dlrover_profile
+from dlrover_rm.components.train.component import dlrover_train
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "pipelines" / "specs" / "small.yaml"
 SPEC_YAML = SPEC_PATH.read_text()

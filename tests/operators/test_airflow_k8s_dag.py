@@ -28,8 +28,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from test_airflow_dag import RUNNER, _airflow_env
 
 from dlrover_core import api
-from operators.operators import DLRoverTrainOperator
-from operators.triggers import DLRoverKubernetesJobTrigger
+from dlrover_rm.operators.operators import DLRoverTrainOperator
+from dlrover_rm.operators.triggers import DLRoverKubernetesJobTrigger
 
 pytestmark = pytest.mark.slow
 DAGS = Path(__file__).resolve().parent / "dags"
@@ -44,6 +44,12 @@ def test_dag_trains_on_kubernetes_through_the_api(tmp_path: Path) -> None:
         env = _airflow_env(home)
         env.pop("KUBERNETES_SERVICE_HOST", None)
         env.update(AIRFLOW__CORE__DAGS_FOLDER=str(DAGS), KUBECONFIG=str(c.kubeconfig))
+        # the connection's history store: the master gets it from a Secret the Job owns (the
+        # kubelet's own default store is another file, so a record here came that way)
+        conn_store = f"sqlite:///{tmp_path / 'connection-history.db'}"
+        env["AIRFLOW_CONN_DLROVER_DEFAULT"] = json.dumps(
+            {"conn_type": "dlrover", "extra": {"history_url": conn_store}}
+        )
         mig = subprocess.run(
             [sys.executable, "-m", "airflow", "db", "migrate"],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180,
@@ -64,6 +70,7 @@ def test_dag_trains_on_kubernetes_through_the_api(tmp_path: Path) -> None:
         ]
         (job,) = c.job_objects()
         (cm,) = c.server.api.objects_of("configmaps", NAMESPACE)
+        secrets = {s["metadata"]["name"]: s for s in c.server.api.objects_of("secrets", NAMESPACE)}
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
     assert run.returncode == 0 and lines, out[-6000:]
     res = json.loads(lines[-1].removeprefix("RESULT "))
@@ -90,6 +97,19 @@ def test_dag_trains_on_kubernetes_through_the_api(tmp_path: Path) -> None:
     # the Job completed with one master pod; every node pod was deleted by the master
     assert [c["type"] for c in job["status"]["conditions"]] == ["SuccessCriteriaMet", "Complete"]
     assert len(masters) == 1 and live == [] and procs == {}, (live, procs)
+    # the run is recorded in the connection's store, through the Job's history Secret
+    (owner,) = secrets["small-history"]["metadata"]["ownerReferences"]
+    assert owner["uid"] == job["metadata"]["uid"]
+    env_refs = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env_refs["DLROVER_RM_HISTORY"]["valueFrom"]["secretKeyRef"]["name"] == "small-history"
+    from dlrover_core.history.store import HistoryStore
+
+    store = HistoryStore(conn_store)
+    try:
+        runs = store.runs(limit=10)
+    finally:
+        store.close()
+    assert [r["job"] for r in runs] == ["small"] and report["history_run_id"] == runs[0]["id"]
     print(f"dag.test() on Kubernetes: {wall:.0f} s, auc {report['auc']:.4f}", file=sys.stderr)
 
 

@@ -16,8 +16,8 @@ pytest.importorskip("airflow")
 from _k8s import K8S_OVERRIDES, NAMESPACE, SPEC, cluster, until
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from operators.operators import DLRoverTrainOperator
-from operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
+from dlrover_rm.operators.operators import DLRoverTrainOperator
+from dlrover_rm.operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
 
 
 class _TI:
@@ -105,3 +105,36 @@ def test_execute_complete_on_kubernetes() -> None:
     gone = {**failed, "report": None, "message": "job small in namespace dlrover is gone"}
     with pytest.raises(AirflowException, match="is gone"):
         op.execute_complete({"ti": ti}, gone)  # type: ignore[arg-type]
+
+
+def test_the_connections_history_goes_to_the_master_in_a_secret_the_job_owns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import base64
+
+    import dlrover_rm.operators.operators as ops
+
+    password = "s3cret-in-airflow"
+    url = f"postgresql://user:{password}@db.example/hist"
+    monkeypatch.setattr(ops.DLRoverHook, "history_url", property(lambda self: url))
+    with cluster(tmp_path, run_pods=False) as c, caplog.at_level("INFO"):
+        with pytest.raises(TaskDeferred):
+            _op().execute({})  # type: ignore[arg-type]
+        (job,) = c.job_objects()
+        secrets = {s["metadata"]["name"]: s for s in c.server.api.objects_of("secrets", NAMESPACE)}
+        (cm,) = c.server.api.objects_of("configmaps", NAMESPACE)
+        _op().on_kill()
+        left = [s["metadata"]["name"] for s in c.server.api.objects_of("secrets", NAMESPACE)]
+    hist = secrets["small-history"]
+    assert base64.b64decode(hist["data"]["url"]).decode() == url
+    assert [(o["kind"], o["uid"]) for o in hist["metadata"]["ownerReferences"]] == [
+        ("Job", job["metadata"]["uid"])
+    ]
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DLROVER_RM_HISTORY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "small-history", "key": "url"}
+    }
+    for where, blob in (("the Job", job), ("the ConfigMap", cm), ("the task log", caplog.text)):
+        assert password not in json.dumps(blob), where
+    assert "small-history" in caplog.text  # the submit line names what was created
+    assert left == []  # cancelled: the token and the history Secret are gone

@@ -21,7 +21,7 @@ from _k8s import K8S_OVERRIDES, NAMESPACE, SPEC, Cluster, cluster, until
 from kubernetes import client as k8s
 
 from dlrover_core import api
-from operators.triggers import DLRoverKubernetesJobTrigger
+from dlrover_rm.operators.triggers import DLRoverKubernetesJobTrigger
 
 JOB = "small"
 

@@ -17,7 +17,7 @@ pytest.importorskip("airflow")
 
 from airflow.sdk.exceptions import AirflowException
 
-from operators.operators import (
+from dlrover_rm.operators.operators import (
     JOB_FILE,
     DLRoverPlanOperator,
     DLRoverProfileOperator,
@@ -127,7 +127,7 @@ def test_train_keeps_the_history_password_out_of_argv_and_log(
 ) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    import operators.operators as ops
+    import dlrover_rm.operators.operators as ops
 
     url = "postgresql://user:s3cret@db.example/hist"
     seen: dict[str, Any] = {}

@@ -1,20 +1,69 @@
-"""The provider is found the way Airflow finds it: the ``apache_airflow_provider`` entry point."""
+"""The provider is found the way Airflow finds it: the ``apache_airflow_provider`` entry point
+(as the project declares it, and in a built wheel, which installs only ``dlrover_core`` and
+``dlrover_rm``: nothing that shadows a user's ``operators/`` or ``components/``)."""
 
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("airflow")
 
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY_POINT = "dlrover_rm.operators.provider:get_provider_info"
+
 
 def _provider_info() -> dict:
-    (ep,) = [
-        e for e in entry_points(group="apache_airflow_provider") if e.module == "operators.provider"
-    ]
-    return ep.load()()
+    """Load the entry point pyproject.toml declares (the installed metadata of a shared
+    editable install may predate it)."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    eps = meta["project"]["entry-points"]["apache_airflow_provider"]
+    assert eps == {"provider_info": ENTRY_POINT}
+    mod, _, fn = eps["provider_info"].partition(":")
+    return getattr(importlib.import_module(mod), fn)()
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_two_import_names_and_the_provider_entry_point(
+    tmp_path: Path,
+) -> None:
+    # build from a copy: setuptools writes build/ and *.egg-info next to the sources
+    src = tmp_path / "src"
+    src.mkdir()
+    junk = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info")
+    for name in ("pyproject.toml", "README.md", "dlrover_core", "dlrover_rm", "pipelines"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=junk)
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (whl,) = tmp_path.glob("dlrover_rm-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"dlrover_core", "dlrover_rm"}, tops
+    (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(whl).read(ep).decode()
+    assert f"[apache_airflow_provider]\nprovider_info = {ENTRY_POINT}" in text, text
+    for path in (
+        "dlrover_rm/operators/provider.py",
+        "dlrover_rm/components/train/component.py",
+        "dlrover_rm/pipelines/specs/small.yaml",  # the CLI's demo spec
+        "dlrover_rm/pipelines/kfp_recurring_retrain_k8s.yaml",
+        "dlrover_core/history/migrations/alembic.ini",
+    ):
+        assert path in names, path
 
 
 def test_entry_point_gives_the_provider_info() -> None:
@@ -36,7 +85,7 @@ def test_listed_modules_and_connection_hook_import() -> None:
 
 
 def test_hook_without_connection_is_a_cold_start() -> None:
-    from operators.hooks import DLRoverHook
+    from dlrover_rm.operators.hooks import DLRoverHook
 
     hook = DLRoverHook(dlrover_conn_id=None)
     assert hook.history_url is None
@@ -46,7 +95,7 @@ def test_hook_without_connection_is_a_cold_start() -> None:
 def test_hook_reads_history_and_backend_from_the_connection(monkeypatch) -> None:
     from airflow.sdk import Connection
 
-    from operators.hooks import DLRoverHook
+    from dlrover_rm.operators.hooks import DLRoverHook
 
     conn = Connection(
         conn_id="dlrover_x",
@@ -61,8 +110,8 @@ def test_hook_reads_history_and_backend_from_the_connection(monkeypatch) -> None
 
 
 def test_connection_form_is_declarative() -> None:
-    from operators.hooks import DLRoverHook
-    from operators.provider import get_provider_info
+    from dlrover_rm.operators.hooks import DLRoverHook
+    from dlrover_rm.operators.provider import get_provider_info
 
     (ct,) = get_provider_info()["connection-types"]
     assert "history_url" in ct["conn-fields"]
@@ -72,7 +121,7 @@ def test_connection_form_is_declarative() -> None:
 
 
 def test_test_connection(monkeypatch, tmp_path) -> None:
-    from operators.hooks import DLRoverHook
+    from dlrover_rm.operators.hooks import DLRoverHook
 
     url = f"sqlite:///{tmp_path / 'h.db'}"
     monkeypatch.setattr(DLRoverHook, "history_url", property(lambda self: url))

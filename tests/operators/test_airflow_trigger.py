@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("airflow")
 
-from operators.triggers import DLRoverJobTrigger
+from dlrover_rm.operators.triggers import DLRoverJobTrigger
 
 
 def _events(trigger: DLRoverJobTrigger) -> list[Any]:

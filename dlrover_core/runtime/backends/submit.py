@@ -18,6 +18,16 @@ official schemas in the tests), in the order they are created:
    the control plane starts a new master pod (on any machine) when one dies; it resumes from
    its durable state on the volume and adopts the node pods, which the Job owns.
 
+With a history store URL (it may hold a password) ``submit`` also creates the history
+``Secret`` (``<job>-history``, key ``url``) before the Job and makes the Job its owner after,
+so it is garbage-collected with the Job; the master reads it as ``$DLROVER_RM_HISTORY``
+(``secretKeyRef``). A Secret of the user's own (``history_secret``) is referenced the same way.
+The URL never goes into the ConfigMap, the master's command line or a log line.
+
+``follow`` (and the pure ``new_log_lines`` / ``job_outcome`` under it) waits for a submitted
+job through the API, streaming its master's log: the KFP train task and the Airflow trigger
+use the same rules.
+
 The IO half (``submit``, ``status``, ``cancel``) talks to the API server with the official
 client; the CLI calls them.
 """
@@ -25,7 +35,8 @@ client; the CLI calls them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +65,7 @@ from dlrover_core.runtime.backends.kubernetes_pods import (
 from dlrover_core.units import format_cpu
 
 __all__ = [
+    "ENV_HISTORY",
     "ENV_LEASE",
     "ENV_MASTER_SERVICE",
     "ENV_POD_IP",
@@ -61,10 +73,13 @@ __all__ = [
     "ENV_TOKEN_SECRET",
     "MasterConfig",
     "cancel",
+    "history_secret",
     "job_network_policy",
+    "job_outcome",
     "master_job",
     "master_logs",
     "master_service",
+    "new_log_lines",
     "spec_configmap",
     "state_pvc",
     "status",
@@ -80,6 +95,16 @@ ENV_POD_IP = "POD_IP"
 ENV_MASTER_SERVICE = "DLROVER_RM_MASTER_SERVICE"
 ENV_TOKEN_SECRET = "DLROVER_RM_TOKEN_SECRET"
 ENV_LEASE = "DLROVER_RM_LEASE"
+ENV_HISTORY = "DLROVER_RM_HISTORY"  # = dlrover_core.history.store.ENV_VAR (no SQLAlchemy here)
+HISTORY_SECRET_KEY = "url"
+
+
+class JobExistsError(InputError):
+    """A job of that name is already submitted (a retried pipeline step may attach to it)."""
+
+
+class JobGoneError(InputError):
+    """No master Job of that name (never submitted, cancelled or deleted)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +131,8 @@ class MasterConfig:
     storage_class: str | None = None
     metrics_port: int | None = None  # pacing.metrics_port: scraped through prometheus.io/*
     plan_json: str | None = None  # a plan from `plan` (None: the master plans the job itself)
+    # (Secret name, key) holding the history store URL: the master's $DLROVER_RM_HISTORY
+    history_secret: tuple[str, str] | None = None
 
     @classmethod
     def from_spec(cls, spec: Any, spec_yaml: str, **overrides: Any) -> MasterConfig:
@@ -151,6 +178,11 @@ class MasterConfig:
         if self.state_pvc:
             return self.state_pvc
         return None if self.state_url else f"{self.job_name}-state"
+
+    @property
+    def history_secret_name(self) -> str:
+        """The history Secret ``submit`` makes from a URL (``<job>-history``)."""
+        return f"{self.job_name}-history"
 
     @property
     def lease_name(self) -> str:
@@ -215,6 +247,35 @@ def token_secret(cfg: MasterConfig, token: str) -> dict[str, Any]:
         "type": "Opaque",
         "stringData": {"token": token},
     }
+
+
+def history_secret(cfg: MasterConfig, url: str) -> dict[str, Any]:
+    """The history store URL as a Secret (``<job>-history``, key ``url``); ``submit`` makes
+    the master Job its owner once the Job exists, so it goes with the Job."""
+    if not url.strip():
+        raise InputError("the history store URL is empty; give a SQLAlchemy URL or none")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(cfg, cfg.history_secret_name),
+        "type": "Opaque",
+        "stringData": {HISTORY_SECRET_KEY: url},
+    }
+
+
+def parse_secret_ref(value: str, what: str = "--history-secret") -> tuple[str, str]:
+    """``NAME`` or ``NAME:KEY`` (key ``url`` by default) -> ``(name, key)``; one clear line
+    for anything that is not a Secret name."""
+    name, _, key = value.strip().partition(":")
+    key = key or HISTORY_SECRET_KEY
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name) or not re.fullmatch(
+        r"[-._a-zA-Z0-9]{1,253}", key
+    ):
+        raise InputError(
+            f"{what} {value!r} is not NAME or NAME:KEY of a Secret (a lowercase DNS name, "
+            f"then a data key; e.g. dlrover-rm-history:url)"
+        )
+    return name, key
 
 
 def spec_configmap(cfg: MasterConfig) -> dict[str, Any]:
@@ -335,6 +396,9 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
         volumes.append({"name": "state", "emptyDir": {}})
     if cfg.state_url:
         env.append({"name": ENV_STATE_URL, "value": cfg.state_url})
+    if cfg.history_secret:
+        name, key = cfg.history_secret
+        env.append({"name": ENV_HISTORY, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
     container = {
         "name": "master",
         "image": cfg.image,
@@ -381,17 +445,67 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
     }
 
 
-def submit_objects(cfg: MasterConfig, token: str) -> list[dict[str, Any]]:
-    """Every object of one job, in creation order (the Job last: it needs the others)."""
+def submit_objects(
+    cfg: MasterConfig, token: str, history_url: str | None = None
+) -> list[dict[str, Any]]:
+    """Every object of one job, in creation order (the Job last: it needs the others). With
+    ``history_url``, the history Secret too (``cfg.history_secret`` must name it)."""
     pvc = state_pvc(cfg)
+    if history_url is not None and cfg.history_secret != (
+        cfg.history_secret_name,
+        HISTORY_SECRET_KEY,
+    ):
+        raise InputError("a history URL goes into the job's own history Secret; not both")
     return [
         *([pvc] if pvc else []),
         token_secret(cfg, token),
+        *([history_secret(cfg, history_url)] if history_url is not None else []),
         spec_configmap(cfg),
         master_service(cfg),
         job_network_policy(cfg),
         master_job(cfg),
     ]
+
+
+def new_log_lines(
+    logs: Mapping[str, str], logged: Mapping[str, int], final: bool
+) -> tuple[list[tuple[str, str]], dict[str, int]]:
+    """The ``(pod, line)`` pairs of ``logs`` not seen before (``logged``: pod -> complete lines
+    already taken) and the new counts. A line still being written (no newline yet) waits for
+    the next poll, unless the job has ended (``final``). Blank lines are counted, not given."""
+    seen = dict(logged)
+    out: list[tuple[str, str]] = []
+    for pod, text in logs.items():
+        lines = text.splitlines()
+        if lines and not text.endswith("\n") and not final:
+            lines = lines[:-1]
+        out += [(pod, ln) for ln in lines[seen.get(pod, 0) :] if ln.strip()]
+        seen[pod] = max(seen.get(pod, 0), len(lines))
+    return out, seen
+
+
+def job_outcome(
+    status: Mapping[str, Any], logs: Mapping[str, str]
+) -> tuple[str, str, dict[str, Any] | None] | None:
+    """``(status, message, report)`` once the master Job has ended, None while it runs.
+    ``report`` is the master's ``DLROVER-RM-REPORT`` line; a failed Job's message is the
+    master's failure, else how many master pods failed and the last log lines."""
+    from dlrover_core.api import parse_report_line  # the format lives with report_line
+
+    state = status.get("state")
+    if state not in ("succeeded", "failed"):
+        return None
+    where = f"job {status.get('job')} in namespace {status.get('namespace')}"
+    report = parse_report_line("\n".join(logs.values()))
+    if state == "succeeded":
+        final = str((report or {}).get("state") or "succeeded")
+        return final, f"{where} {final}", report
+    tail = [ln for text in logs.values() for ln in text.splitlines()][-5:]
+    why = (report or {}).get("failure") or (
+        f"the master Job failed ({(status.get('master') or {}).get('failed_pods', 0)} master "
+        "pod(s) failed); last log lines: " + " / ".join(tail)
+    )
+    return "failed", f"{where} failed: {why}", report
 
 
 # --------------------------------------------------------------------------- IO
@@ -434,11 +548,35 @@ def _delete(api_client: k8s.ApiClient, kind: str, ns: str, name: str) -> bool:
     return True
 
 
-def submit(api_client: k8s.ApiClient, cfg: MasterConfig, token: str) -> list[str]:
+def _own_by_job(api_client: k8s.ApiClient, cfg: MasterConfig, secret: str) -> None:
+    """Make the master Job the owner of ``secret`` (garbage-collected with the Job)."""
+    batch = k8s.BatchV1Api(api_client)
+    job = json.loads(
+        batch.read_namespaced_job(cfg.master_name, cfg.namespace, _preload_content=False).data
+    )
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": cfg.master_name,
+        "uid": job["metadata"]["uid"],
+        "blockOwnerDeletion": False,
+    }
+    k8s.CoreV1Api(api_client).patch_namespaced_secret(
+        secret,
+        cfg.namespace,
+        {"metadata": {"ownerReferences": [owner]}},
+        _preload_content=False,
+    )
+
+
+def submit(
+    api_client: k8s.ApiClient, cfg: MasterConfig, token: str, history_url: str | None = None
+) -> list[str]:
     """Create the job's objects; returns ``Kind/name`` of each created. A job of that name
-    still present is refused (status or cancel it first); leftovers of a cancelled one (its
-    Secret, ConfigMap, ...) are replaced; an existing state claim is kept (the job resumes
-    from it)."""
+    still present is refused (:class:`JobExistsError`: status or cancel it first); leftovers
+    of a cancelled one (its Secrets, ConfigMap, ...) are replaced; an existing state claim is
+    kept (the job resumes from it). With ``history_url`` the history Secret is created before
+    the Job and owned by it after."""
     batch = k8s.BatchV1Api(api_client)
     try:
         batch.read_namespaced_job(cfg.master_name, cfg.namespace, _preload_content=False)
@@ -446,13 +584,13 @@ def submit(api_client: k8s.ApiClient, cfg: MasterConfig, token: str) -> list[str
         if exc.status != 404:
             raise _api_error("read the master Job", exc) from exc
     else:
-        raise InputError(
+        raise JobExistsError(
             f"job {cfg.job_name} is already submitted in namespace {cfg.namespace}; see "
             f"`dlrover-rm status --job {cfg.job_name}` or run `dlrover-rm cancel --job "
             f"{cfg.job_name}` first"
         )
     done: list[str] = []
-    for obj in submit_objects(cfg, token):
+    for obj in submit_objects(cfg, token, history_url):
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
             _create(api_client, obj)
@@ -464,6 +602,11 @@ def submit(api_client: k8s.ApiClient, cfg: MasterConfig, token: str) -> list[str
             _delete(api_client, kind, cfg.namespace, name)
             _create(api_client, obj)
         done.append(f"{kind}/{name}")
+    if history_url is not None:
+        try:
+            _own_by_job(api_client, cfg, cfg.history_secret_name)
+        except ApiException as exc:
+            raise _api_error(f"own Secret {cfg.history_secret_name} by the Job", exc) from exc
     return done
 
 
@@ -479,6 +622,7 @@ def cancel(api_client: k8s.ApiClient, namespace: str, job_name: str) -> list[str
         ("NetworkPolicy", f"{job_name}-isolation"),
         ("ConfigMap", f"{job_name}-spec"),
         ("Secret", f"{job_name}-token"),
+        ("Secret", f"{job_name}-history"),  # the Job owns it too: gone already, most often
     ]
     try:
         for kind, name in objs:
@@ -493,6 +637,73 @@ def cancel(api_client: k8s.ApiClient, namespace: str, job_name: str) -> list[str
     return deleted
 
 
+def follow(
+    api_client_factory: Callable[[], k8s.ApiClient],
+    namespace: str,
+    job_name: str,
+    *,
+    poll_interval: float = 5.0,
+    start_timeout: float = 600.0,
+    outage_s: float = 300.0,
+    on_line: Callable[[str, str], None] | None = None,
+    on_retry: Callable[[Exception], None] | None = None,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> dict[str, Any]:
+    """Wait for a submitted job, passing each new master log line to ``on_line(pod, line)``;
+    returns ``{"status", "job", "namespace", "message", "report"}`` (the Airflow trigger's
+    event). A job that vanished, no master started within ``start_timeout`` or an API
+    unreachable for ``outage_s`` end it ``failed`` with the reason; a shorter outage is
+    retried (``on_retry``)."""
+    import time
+
+    now = clock or time.monotonic
+    pause = sleep or time.sleep
+    where = f"job {job_name} in namespace {namespace}"
+
+    def result(status: str, message: str, report: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "status": status,
+            "job": job_name,
+            "namespace": namespace,
+            "message": message,
+            "report": report,
+        }
+
+    started = ok_at = now()
+    logged: dict[str, int] = {}
+    while True:
+        try:
+            c = api_client_factory()
+            st = status(c, namespace, job_name)
+            logs = master_logs(c, namespace, job_name)
+        except JobGoneError as e:
+            return result("failed", f"{where} is gone (cancelled or deleted): {e}", None)
+        except Exception as e:  # the API unreachable: retried until outage_s
+            if now() - ok_at > outage_s:
+                return result("failed", f"cannot read {where} for {outage_s:g} s: {e}", None)
+            if on_retry is not None:
+                on_retry(e)
+            pause(poll_interval)
+            continue
+        ok_at = now()
+        outcome = job_outcome(st, logs)
+        lines, logged = new_log_lines(logs, logged, outcome is not None)
+        if on_line is not None:
+            for pod, line in lines:
+                on_line(pod, line)
+        if outcome is not None:
+            return result(*outcome)
+        if not logs and now() - started > start_timeout:
+            return result(
+                "failed",
+                f"no master of {where} started within {start_timeout:g} s (state "
+                f"{st.get('state')}); see `kubectl describe job {job_name}-master -n {namespace}`",
+                None,
+            )
+        pause(poll_interval)
+
+
 def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str, Any]:
     """JSON-able state of a submitted job: the master Job, the lease holder, every node pod
     (role, id, incarnation, phase, and how it ended)."""
@@ -503,7 +714,7 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
         )
     except ApiException as exc:
         if exc.status == 404:
-            raise InputError(
+            raise JobGoneError(
                 f"no job {job_name} in namespace {namespace}; check the name (`kubectl get "
                 f"jobs -n {namespace} -l {LABEL_APP}={APP}`)"
             ) from exc

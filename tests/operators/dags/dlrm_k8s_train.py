@@ -3,7 +3,9 @@
 in its ConfigMap; the task defers on the trigger that watches it through the API). The
 example DAG's profile step runs trials on the Airflow worker, which is left out here.
 
-Params: ``overrides`` (spec overrides, the backend's among them), ``poll_interval``."""
+Params: ``overrides`` (spec overrides, the backend's among them), ``poll_interval``. The train
+task reads the ``dlrover_default`` connection (none: the spec as is); its history store goes
+to the master in a Secret the Job owns."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
-from operators.operators import DLRoverPlanOperator, DLRoverTrainOperator
+from dlrover_rm.operators.operators import DLRoverPlanOperator, DLRoverTrainOperator
 
 SPEC = str(Path(__file__).resolve().parents[3] / "pipelines" / "specs" / "small.yaml")
 
@@ -36,6 +38,6 @@ with DAG(
         overrides=r"{{ params.overrides | join('\n') }}",
         plan=plan.output,
         poll_interval=1.0,
-        dlrover_conn_id=None,
+        dlrover_conn_id="dlrover_default",
     )
     plan >> train

@@ -187,14 +187,11 @@ class DLRoverKubernetesJobTrigger(BaseTrigger):
     def _stream(self, logs: dict[str, str], final: bool) -> None:
         """Log the complete lines not logged before (the last, unfinished one too when the
         job has ended)."""
-        for pod, text in logs.items():
-            lines = text.splitlines()
-            if lines and not text.endswith("\n") and not final:
-                lines = lines[:-1]
-            for line in lines[self._logged.get(pod, 0) :]:
-                if line.strip():
-                    self.log.info("%s | %s", pod, line)
-            self._logged[pod] = max(self._logged.get(pod, 0), len(lines))
+        from dlrover_core.runtime.backends.submit import new_log_lines
+
+        lines, self._logged = new_log_lines(logs, self._logged, final)
+        for pod, line in lines:
+            self.log.info("%s | %s", pod, line)
 
     def _event(self, status: str, message: str, report: dict[str, Any] | None) -> TriggerEvent:
         return TriggerEvent(
@@ -208,8 +205,7 @@ class DLRoverKubernetesJobTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from dlrover_core import api
-        from dlrover_core.errors import InputError
+        from dlrover_core.runtime.backends.submit import JobGoneError, job_outcome
 
         started = time.monotonic()
         ok_at = started
@@ -217,49 +213,30 @@ class DLRoverKubernetesJobTrigger(BaseTrigger):
         while True:
             try:
                 st, logs = await asyncio.to_thread(self._poll)
-            except InputError as e:
-                if str(e).startswith("no job"):
-                    yield self._event(
-                        "failed", f"{where} is gone (cancelled or deleted): {e}", None
-                    )
-                    return
-                err: Exception = e
-                st = None
+            except JobGoneError as e:
+                yield self._event("failed", f"{where} is gone (cancelled or deleted): {e}", None)
+                return
             except Exception as e:  # the API unreachable: retried until outage_s
-                err, st = e, None
-            if st is None:
                 if time.monotonic() - ok_at > self.outage_s:
                     yield self._event(
-                        "failed",
-                        f"cannot read {where} for {self.outage_s:g} s: {err}",
-                        None,
+                        "failed", f"cannot read {where} for {self.outage_s:g} s: {e}", None
                     )
                     return
-                self.log.warning("cannot read %s (retrying): %s", where, err)
+                self.log.warning("cannot read %s (retrying): %s", where, e)
                 await asyncio.sleep(self.poll_interval)
                 continue
             ok_at = time.monotonic()
-            state = st.get("state")
-            final = state in ("succeeded", "failed")
-            self._stream(logs, final)
-            if final:
-                report = api.parse_report_line("\n".join(logs.values()))
-                if state == "succeeded":
-                    status = str((report or {}).get("state") or "succeeded")
-                    yield self._event(status, f"{where} {status}", report)
-                    return
-                tail = [ln for text in logs.values() for ln in text.splitlines()][-5:]
-                why = (report or {}).get("failure") or (
-                    f"the master Job failed ({st['master'].get('failed_pods', 0)} master pod(s) "
-                    "failed); last log lines: " + " / ".join(tail)
-                )
-                yield self._event("failed", f"{where} failed: {why}", report)
+            outcome = job_outcome(st, logs)
+            self._stream(logs, outcome is not None)
+            if outcome is not None:
+                yield self._event(*outcome)
                 return
             if not logs and time.monotonic() - started > self.start_timeout:
                 yield self._event(
                     "failed",
                     f"no master of {where} started within {self.start_timeout:g} s (state "
-                    f"{state}); see `kubectl describe job {self.job}-master -n {self.namespace}`",
+                    f"{st.get('state')}); see `kubectl describe job {self.job}-master -n "
+                    f"{self.namespace}`",
                     None,
                 )
                 return

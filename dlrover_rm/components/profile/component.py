@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-from components import BASE_IMAGE
+from dlrover_rm.components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)

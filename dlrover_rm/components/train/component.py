@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
-from components import BASE_IMAGE
+from dlrover_rm.components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
@@ -18,6 +18,10 @@ def dlrover_train(
     overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
     history: str = "",
     dataset: Input[Dataset] = None,
+    history_secret: str = "",
+    state_pvc: str = "",
+    run_id: str = "",
+    poll_interval: float = 5.0,
 ) -> str:
     """Run the job with the plan; the job master re-plans and scales while it trains.
 
@@ -38,7 +42,23 @@ def dlrover_train(
         history: Optional run-history URL; empty for none.
         dataset: Optional training data from an upstream step (a Criteo TSV or Parquet file
             or folder): it becomes data.path, with data.source from the artifact's
-            metadata "format" ("criteo_tsv" or "parquet") or the file name.
+            metadata "format" ("criteo_tsv" or "parquet") or the file name. On Kubernetes
+            the artifact's URI (an fsspec URL the job's pods read) instead of its local path.
+        history_secret: On Kubernetes: NAME or NAME:KEY (key "url") of the Secret that holds
+            the history store URL; the master Job reads it as $DLROVER_RM_HISTORY, so the URL
+            is never a pipeline parameter (mount the same Secret into this task's env, e.g.
+            with kfp-kubernetes use_secret_as_env, for the plan step's warm start).
+        state_pvc: On Kubernetes: the job's state claim (backend.state_pvc); mount it in this
+            task at backend.state_mount_path, so the report and the model come back as
+            artifacts.
+        run_id: The pipeline run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER). On Kubernetes the
+            job is named <spec name>-<8 hex of it>: each run is a job of its own, and a
+            retried task follows its run's job instead of submitting another.
+        poll_interval: On Kubernetes: seconds between reads of the job's state and log.
+
+    With backend.kind kubernetes (in the spec or an override) the task submits the job's
+    master as a Kubernetes Job and follows it through the API, streaming the master's log
+    into the task's log; the task's pod hosts neither the master nor the nodes.
 
     Returns:
         The job's final state ("succeeded"); a job that did not succeed fails the task.
@@ -61,21 +81,64 @@ def dlrover_train(
         logs.setup("info")  # the master's launch/plan/progress/export lines reach the pod log
 
     spec = yaml.safe_load(spec_yaml)
+    over = list(overrides)
+    if state_pvc:
+        over.append(f"backend.state_pvc={state_pvc}")
+    js = api.resolve_spec(spec, over)
+    on_k8s = js.backend.kind == "kubernetes"
     if dataset is not None:
         from dlrover_core.spec import use_data_file
         from dlrover_core.training.data import source_for_path
 
         fmt = str((dataset.metadata or {}).get("format") or source_for_path(dataset.path))
-        spec = use_data_file(spec, fmt, dataset.path)
-    report = api.train(
-        spec,
-        overrides=overrides,
-        plan=plan.path,
-        run_dir=run.path,
-        history=history or None,
-        progress=True,  # not a terminal: one progress record every 15 s in the pod log
-        model_dir=model.path,
-    )
+        spec = use_data_file(spec, fmt, dataset.uri if on_k8s else dataset.path)
+    if not on_k8s:
+        report = api.train(
+            spec,
+            overrides=over,
+            plan=plan.path,
+            run_dir=run.path,
+            history=history or None,
+            progress=True,  # not a terminal: one progress record every 15 s in the pod log
+            model_dir=model.path,
+        )
+    else:
+        import hashlib
+        import shutil
+
+        if run_id:
+            over.append(f"name={js.name}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}")
+        log = logging.getLogger("dlrover_rm.kfp")
+        report = api.submit_and_follow(
+            spec,
+            overrides=over,
+            plan=plan.path,
+            history_url=history or None,
+            history_secret=history_secret or None,
+            poll_interval=poll_interval,
+            on_line=lambda pod, line: log.info("%s | %s", pod, line),
+        )
+        # the run directory and the model are on the job's state volume: copy what the
+        # artifacts need (this task mounts the claim where the master wrote them)
+        Path(run.path).mkdir(parents=True, exist_ok=True)
+        src = Path(str(report.get("run_dir") or "/nonexistent"))
+        for name in ("report.png", "master.json"):
+            if (src / name).is_file():
+                shutil.copy2(src / name, Path(run.path) / name)
+        from dlrover_core.runtime.report import json_safe
+
+        # the master's report.json with what it learnt after (history run id, job, namespace)
+        text = json.dumps(json_safe(report), indent=2, allow_nan=False)
+        Path(run.path, "report.json").write_text(text + "\n", encoding="utf-8")
+        mdir = Path(str(report.get("model_dir") or "/nonexistent"))
+        if report["state"] == "succeeded" and (mdir / "model_card.json").is_file():
+            shutil.copytree(mdir, model.path, dirs_exist_ok=True)
+        elif report["state"] == "succeeded" and not report.get("export_error"):
+            report["export_error"] = (
+                f"the model is on the job's state volume ({report.get('model_dir')}), not "
+                f"readable here: mount claim {js.backend.state_pvc or '<job>-state'} in this "
+                f"task at {js.backend.state_mount_path} (kfp-kubernetes mount_pvc)"
+            )
     from dlrover_core.runtime.render import report_html, report_markdown
 
     Path(summary.path).write_text(report_markdown(report), encoding="utf-8")

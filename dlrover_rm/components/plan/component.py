@@ -5,7 +5,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Markdown, Output
 
-from components import BASE_IMAGE
+from dlrover_rm.components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
@@ -43,8 +43,8 @@ def dlrover_plan(
     Returns:
         workers / ps: node counts. worker_cpu, worker_memory, ps_cpu, ps_memory: one node's
         resources as Kubernetes quantities ("1500m", "2Gi"). train_cpu, train_memory: the
-        train step's pod when it hosts every node (local backend): the plan's total plus the
-        job master's own share.
+        train step's pod: with the local backend it hosts every node (the plan's total plus
+        the job master's own share); on Kubernetes it only submits and follows the job.
     """
     import json
     from collections import namedtuple

@@ -34,8 +34,8 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
-from operators.hooks import DLRoverHook
-from operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
+from dlrover_rm.operators.hooks import DLRoverHook
+from dlrover_rm.operators.triggers import DLRoverJobTrigger, DLRoverKubernetesJobTrigger
 
 JOB_FILE = "airflow-job.json"
 PLAN_FILE = "airflow-plan.json"
@@ -175,16 +175,25 @@ class DLRoverTrainOperator(_DLRoverBase):
     def _submit(self, job: tuple[str, str]) -> None:
         from dlrover_core import api
 
-        if self.hook.history_url:
+        url = self.hook.history_url
+        if url and url.removeprefix("file://").endswith(".json"):
             self.log.warning(
-                "on Kubernetes the master reads the spec's history.url; the connection's "
-                "history store is not passed to it"
+                "the connection's history is a JSON export on this host; the master on "
+                "Kubernetes cannot read it and records to the spec's history.url"
             )
+            url = None
+        if url and url.lower() in api.NO_HISTORY:
+            url = None
         plan: Any = self.plan or None
         if isinstance(plan, str) and plan.strip().startswith("{"):
             plan = json.loads(plan)  # a rendered template
+        # the connection's store (it may hold a password) goes into a Secret the Job owns;
+        # the master reads it from there, never from its command line or the ConfigMap
         res = api.submit(
-            self.spec, overrides=self.hook.overrides(_overrides(self.overrides)), plan=plan
+            self.spec,
+            overrides=self.hook.overrides(_overrides(self.overrides)),
+            plan=plan,
+            history_url=url or None,
         )
         self.k8s_job = job
         self.log.info(

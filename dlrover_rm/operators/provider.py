@@ -21,14 +21,18 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [
-            {"integration-name": "DLRover-RM", "python-modules": ["operators.operators"]}
+            {"integration-name": "DLRover-RM", "python-modules": ["dlrover_rm.operators.operators"]}
         ],
-        "hooks": [{"integration-name": "DLRover-RM", "python-modules": ["operators.hooks"]}],
-        "triggers": [{"integration-name": "DLRover-RM", "python-modules": ["operators.triggers"]}],
+        "hooks": [
+            {"integration-name": "DLRover-RM", "python-modules": ["dlrover_rm.operators.hooks"]}
+        ],
+        "triggers": [
+            {"integration-name": "DLRover-RM", "python-modules": ["dlrover_rm.operators.triggers"]}
+        ],
         "connection-types": [
             {
                 "connection-type": "dlrover",
-                "hook-class-name": "operators.hooks.DLRoverHook",
+                "hook-class-name": "dlrover_rm.operators.hooks.DLRoverHook",
                 "hook-name": "DLRover-RM",
                 # declarative form metadata (Airflow 3.3 reads it without importing the hook)
                 "ui-field-behaviour": {
