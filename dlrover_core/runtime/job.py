@@ -51,6 +51,7 @@ def train(
         report["run_dir"] = str(rd)
         report["history_run_id"] = None
         report["samples"] = []
+        _complete(rd, report)
         return report
     master_cls = JobMaster
     if spec.strategy == "allreduce":
@@ -87,7 +88,18 @@ def train(
             from dlrover_core.runtime.report import amend_report
 
             amend_report(rd, {"history_run_id": report["history_run_id"]})  # for any reader
+    _complete(rd, report)
     return report
+
+
+def _complete(rd: Path, report: dict[str, Any]) -> None:
+    """Mark report.json complete: the export and the history record are in it. A reader that
+    sees the job state terminal (the master's report is written first) waits for this."""
+    from dlrover_core.runtime.report import amend_report
+
+    report["complete"] = True
+    if (rd / "report.json").exists():
+        amend_report(rd, {"complete": True})
 
 
 def fit_to_container(spec: JobSpec) -> tuple[JobSpec, str | None]:

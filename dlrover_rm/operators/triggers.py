@@ -29,6 +29,9 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 TERMINAL = ("succeeded", "failed", "stopped")
+# after the job's terminal state, the model export and the history record are added to its
+# report; a report that never says complete (a master of an older version) is taken after this
+FINALIZE_S = 180.0
 
 
 def _alive(pid: int) -> bool:
@@ -101,6 +104,7 @@ class DLRoverJobTrigger(BaseTrigger):
 
         started = time.monotonic()
         gone_once = False
+        reported: float | None = None
         while True:
             try:
                 st = await asyncio.to_thread(api.status, self.run_dir)
@@ -108,12 +112,17 @@ class DLRoverJobTrigger(BaseTrigger):
                 st = None
             state = (st or {}).get("job_state")
             if state in TERMINAL:
-                # the state turns terminal just before report.json is written: wait for it
+                # the state turns terminal just before report.json is written, and the export
+                # and the history record are added to it after: wait until it says complete
+                gone = self._master_gone()  # read after: a report read then is final
                 report = await asyncio.to_thread(read_report, self.run_dir)
-                if report is not None or self._master_gone() or gone_once:
+                if report is not None and reported is None:
+                    reported = time.monotonic()
+                waited = reported is not None and time.monotonic() - reported > FINALIZE_S
+                if (report is not None and (report.get("complete") or waited)) or gone or gone_once:
                     yield self._event(str(state), f"job {state}", report)
                     return
-                gone_once = self.pid is None  # without a pid, give it one more poll
+                gone_once = self.pid is None and report is None  # no pid: one more poll
             elif self._master_gone():
                 if gone_once:  # twice in a row: not a race with the last write
                     yield self._event(

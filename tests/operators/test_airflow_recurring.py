@@ -44,6 +44,10 @@ def test_the_second_scheduled_run_warm_starts_from_the_first(tmp_path: Path) -> 
     first = _run_dag(tmp_path, env, conf)
     second = _run_dag(tmp_path, env, conf)
     assert first["report"]["state"] == second["report"]["state"] == "succeeded"
+    # the XCom report is the complete one: its history record and its model are in it
+    for res in (first, second):
+        assert res["report"]["complete"] and res["report"]["history_run_id"] is not None
+        assert res["report"]["model_dir"], res["report"].get("export_error")
     # each run's report.json, complete once its train step has ended: both were recorded
     r1, r2 = (json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("report.json")))
     assert r1["history_run_id"] is not None and r2["history_run_id"] is not None

@@ -43,20 +43,37 @@ def test_one_event_when_the_job_ends(
     from dlrover_core import api
     from dlrover_core.errors import InputError
 
-    states = iter([None, "running", "evaluating", final])
+    # the master writes its report with the terminal state; the train process then adds the
+    # export and the history record and marks it complete: the event carries that one
+    states = iter([None, "running", "evaluating", final, final, final])
+    reports = iter([{"state": final}, {"state": final, "model_dir": "m", "complete": True}])
 
     def status(run_dir: str) -> dict[str, Any]:
         s = next(states)
         if s is None:
             raise InputError("no master.json yet")
         if s == final:
-            (tmp_path / "report.json").write_text(json.dumps({"state": final}))
+            (tmp_path / "report.json").write_text(json.dumps(next(reports, {"state": "?"})))
         return {"job_state": s}
 
     monkeypatch.setattr(api, "status", status)
     (ev,) = _events(DLRoverJobTrigger(str(tmp_path), 0.01))
     assert ev.payload["status"] == final
-    assert ev.payload["report"] == {"state": final, "run_dir": str(tmp_path)}
+    want = {"state": final, "model_dir": "m", "complete": True, "run_dir": str(tmp_path)}
+    assert ev.payload["report"] == want
+
+
+def test_a_report_that_never_says_complete_is_taken_after_a_while(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from dlrover_core import api
+    from dlrover_rm.operators import triggers
+
+    monkeypatch.setattr(triggers, "FINALIZE_S", 0.05)
+    (tmp_path / "report.json").write_text(json.dumps({"state": "succeeded"}))
+    monkeypatch.setattr(api, "status", lambda rd: {"job_state": "succeeded"})
+    (ev,) = _events(DLRoverJobTrigger(str(tmp_path), 0.01))
+    assert ev.payload["report"]["state"] == "succeeded"
 
 
 def test_never_started_fails(tmp_path: Path) -> None:
