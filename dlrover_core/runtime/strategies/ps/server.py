@@ -420,9 +420,11 @@ class _Dense:
         return np.stack(self.slots) if self.slots else np.empty((0,), np.float32)
 
 
-def _config(opt: str | None, lr: float, eps: float | None) -> optim.OptimizerConfig:
+def _config(
+    opt: str | None, lr: float, eps: float | None, warmup: int = 0
+) -> optim.OptimizerConfig:
     name = opt or "adagrad"
-    return optim.OptimizerConfig(name, lr, eps if name == "adagrad" else None)
+    return optim.OptimizerConfig(name, lr, eps if name == "adagrad" else None, warmup=warmup)
 
 
 class PSShard:
@@ -458,6 +460,7 @@ class PSShard:
         self.dense_staleness_sum = 0  # Σ τ over dense pushes that said what they read
         self.dense_staleness_max = 0
         self.dense_read_pushes = 0  # dense pushes that said what they read
+        self.dense_warmup_pushes = 0  # dense pushes applied with a warm-up lr (< the full lr)
         self._counter_lock = threading.Lock()
         self.step = 0  # push calls applied (sparse or dense; a Step call counts once)
         self.version = 0  # changes of any kind, for "anything to checkpoint?"
@@ -467,8 +470,10 @@ class PSShard:
         self.pulled_ids = 0
         self.pushed_ids = 0
 
-    def config(self, opt: str | None = None, lr: float = DEFAULT_LR) -> optim.OptimizerConfig:
-        return _config(opt or self.optimizer, lr, self.eps)
+    def config(
+        self, opt: str | None = None, lr: float = DEFAULT_LR, warmup: int = 0
+    ) -> optim.OptimizerConfig:
+        return _config(opt or self.optimizer, lr, self.eps, warmup)
 
     # --- tables ---
 
@@ -750,7 +755,9 @@ class PSShard:
     ) -> None:
         """Apply ``cfg`` to the dense parameters with ``grads`` computed on the values of
         version ``dense_read``: ``τ`` updates later than that read, ``τ > 1`` applies them with
-        ``lr / τ`` (see the module docstring); otherwise exactly torch's rule."""
+        ``lr / τ`` (see the module docstring); otherwise exactly torch's rule. The first
+        ``cfg.warmup`` updates of a parameter ramp its lr up linearly
+        (:meth:`~.optim.OptimizerConfig.dense_lr`)."""
         if not grads:
             return
         with self._dense_lock:
@@ -760,18 +767,24 @@ class PSShard:
                         f"dense parameter {name!r} is not on PS {self.index}; init_dense it first"
                     )
             tau = self.staleness_of(dense_read)
+            scale = 1.0
             if tau is not None:
                 self.dense_read_pushes += 1
                 self.dense_staleness_sum += tau
                 self.dense_staleness_max = max(self.dense_staleness_max, tau)
                 if tau > 1:
                     self.dense_stale_pushes += 1
-                    cfg = replace(cfg, lr=cfg.lr / tau)
+                    scale = 1.0 / tau
+            warming = False
             for name, grad in grads.items():
                 d = self._dense[name]
                 d.use_optimizer(name, cfg)
                 d.steps += 1
-                optim.dense_update(cfg, d.weight, d.slots, _f32(grad, d.weight.shape), d.steps)
+                lr = cfg.dense_lr(d.steps) * scale
+                warming = warming or lr < cfg.lr * scale
+                c = cfg if lr == cfg.lr else replace(cfg, lr=lr)
+                optim.dense_update(c, d.weight, d.slots, _f32(grad, d.weight.shape), d.steps)
+            self.dense_warmup_pushes += warming
             self._dense_version += 1
 
     def push_dense(
@@ -866,6 +879,7 @@ class PSShard:
                     else 0.0
                 ),
                 "dense_staleness_max": self.dense_staleness_max,
+                "dense_warmup_pushes": self.dense_warmup_pushes,
             }
         with self._counter_lock:
             counters = {
@@ -1074,7 +1088,7 @@ class PSServer:
         lr = msg.get("lr")
         try:
             lr_f = float(lr if lr is not None else self.lr)
-            return self.shard.config(msg.get("opt"), lr_f)
+            return self.shard.config(msg.get("opt"), lr_f, msg.get("warmup") or 0)
         except (TypeError, ValueError) as e:
             raise _bad(str(e)) from e
 
