@@ -1427,14 +1427,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.checkpoint(force=True)  # a relaunch restores this, not the sources again
     port = server.start()
     address = f"{advertise}:{port}"
+    dense_steps = [d.steps for d in shard._dense.values()]
     log.info(
-        "PS %d/%d (incarnation %d, generation %d) serving on %s, %d rows restored (%s, tag %d)",
+        "PS %d/%d (incarnation %d, generation %d) serving on %s, %d rows and %d dense "
+        "parameters (at update %d) restored (%s, tag %d)",
         args.index,
         args.num_ps,
         args.incarnation,
         args.generation,
         address,
         shard.num_rows,
+        len(dense_steps),
+        max(dense_steps, default=0),
         source,
         tag,
     )
