@@ -1,18 +1,19 @@
 """Held-out AUC of PS training over many random starts, with and without faults, against the
 single-process model on the same rows (the "collapse" of notes/issue-12.md).
 
-    python benchmarks/ps_accuracy_seeds.py [--runs 12] [--rows 200000]
+    python benchmarks/ps_accuracy_seeds.py [--runs 12 | --seeds 36,9] [--rows 200000]
         [--fault-runs 3 --fault-rows 120000] [--baseline-runs 3]
         [--sim-seeds 24 --sim-rows 30000] [--set training.dense_warmup=0] [--json OUT]
 
 - ``--runs``: 1 PS + 1 worker (real processes, gRPC; ``runtime_throughput.runtime_run``, the
-  plan pinned) with ``training.seed`` null, i.e. a random dense start per run.
+  plan pinned) with ``training.seed`` null, i.e. a random dense start per run (``--seeds``:
+  one run per given ``training.seed`` instead).
 - ``--fault-runs``: 1 PS + 2 workers, random start; at 20 % of the samples worker 0 is killed
   (SIGKILL, its shards go back, it is relaunched) and at 45 % PS 0 (relaunched from its
   checkpoint, the shards done after it replayed): the fault sequence of the Kubernetes e2e job
   (tests/runtime/kubernetes/test_k8s_e2e.py), on the local backend.
-- ``--baseline-runs``: the single-process torchrec DLRM (torch's Adagrad) on the same rows,
-  torch seeds 0, 1, ...
+- ``--baseline-runs``: the single-process torchrec DLRM (torch's Adagrad) on the same rows
+  (``--rows``, and ``--fault-rows`` when kill runs were made), torch seeds 0, 1, ...
 - ``--sim-seeds``: the one-process torch model of the pipeline (``runtime_throughput.
   delayed_run``: the PS's row init, delayed-update Adagrad, lr/τ, the dense warm-up) for
   staleness 0, 1 and 3, seeds 0..N-1, ``--sim-rows`` rows: how many of the bottom MLP's
@@ -180,6 +181,12 @@ def _fmt(s: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=12)
+    ap.add_argument(
+        "--seeds",
+        default="",
+        help="comma-separated training.seed values: one 1-worker run each instead of --runs "
+        "random starts (e.g. 36: a start the PS without the warm-up collapsed on)",
+    )
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--fault-runs", type=int, default=3)
     ap.add_argument("--fault-rows", type=int, default=120_000)
@@ -233,13 +240,18 @@ def main(argv: list[str] | None = None) -> int:
                 "auc": _summary([r["auc"] for r in base]),
             }
             save()
-        if a.runs:
+        seeds = [int(x) for x in a.seeds.split(",") if x]
+        starts: list[int | None] = list(seeds) if seeds else [None] * a.runs
+        if starts:
             runs = []
-            for i in range(a.runs):
-                r = one_worker_run(a.rows, work, extra)
+            for i, seed in enumerate(starts):
+                with_seed = () if seed is None else (f"training.seed={seed}",)
+                r = one_worker_run(a.rows, work, (*extra, *with_seed))
+                r["seed"] = seed
                 runs.append(r)
+                start = "random start" if seed is None else f"training.seed={seed}"
                 print(
-                    f"1 PS + 1 worker, random start, run {i + 1}/{a.runs}: AUC {r['auc']:.4f}, "
+                    f"1 PS + 1 worker, {start}, run {i + 1}/{len(starts)}: AUC {r['auc']:.4f}, "
                     f"alive bottom-MLP units {r.get('alive_units', '?')}",
                     flush=True,
                 )
@@ -261,10 +273,23 @@ def main(argv: list[str] | None = None) -> int:
                 out["faults"] = {"rows": a.fault_rows, "runs": runs}
                 save()
             out["faults"]["auc"] = _summary([r["auc"] for r in runs])
+            if a.baseline_runs and a.fault_rows != a.rows:  # the single process on these rows
+                base = []
+                for seed in range(a.baseline_runs):
+                    r = baseline_run(a.fault_rows, extra, a.baseline_threads, seed=seed)
+                    base.append({"seed": seed, **r})
+                    print(f"single process, {a.fault_rows:,} rows, seed {seed}: AUC {r['auc']:.4f}")
+                out["baseline_fault_rows"] = {
+                    "rows": a.fault_rows,
+                    "runs": base,
+                    "auc": _summary([r["auc"] for r in base]),
+                }
+            save()
     for key, title in (
         ("baseline", "single process"),
         ("one_worker", "1 PS + 1 worker"),
         ("faults", "1 PS + 2 workers, kills"),
+        ("baseline_fault_rows", "single process on the kill runs' rows"),
     ):
         if key in out and "auc" in out[key]:
             print(f"{title}: AUC {_fmt(out[key]['auc'])}")
