@@ -96,6 +96,7 @@ DEFAULT_EPS = optim.DEFAULT_EPS["adagrad"]
 DEFAULT_INIT_STD = 0.01
 _MIN_CAPACITY = 1024
 _GROWTH = 1.5
+_RESERVE_BYTES = 1 << 30  # address space an arena reserves per matrix (backed as rows appear)
 _DELTA_MIN = 1 << 16
 
 F32 = npt.NDArray[np.float32]
@@ -165,10 +166,14 @@ class _Arena:
     """The rows of every table of one dim on this PS, with their optimizer slots.
 
     One float32 matrix for the weights and one per optimizer slot (Adagrad: 1, Adam: 2, SGD:
-    0), grown geometrically (×1.5: a new id costs an amortised O(1), never a copy of the
-    table per id). Sharing it across tables makes a step's lookups and its optimizer update a
-    few vectorised numpy ops for all its tables together. ``lock`` guards it and the
-    indexes of its tables: a step takes it once for its push and its pull."""
+    0). Each matrix is a view of a *reserve*: an array of :data:`_RESERVE_BYTES` allocated
+    once and never written beyond the rows in use, so the OS backs only the pages of rows that
+    exist (resident memory grows with the rows, the reserve is address space). Adding rows
+    widens the view: no copy of the table, whatever the growth. Only a table outgrowing its
+    reserve (16M rows of dim 16) copies, into a reserve 4× as large. Sharing it across tables
+    makes a step's lookups and its optimizer update a few vectorised numpy ops for all its
+    tables together. ``lock`` guards it and the indexes of its tables: a step takes it once
+    for its push and its pull."""
 
     def __init__(self, dim: int, opt: str) -> None:
         self.dim = dim
@@ -177,23 +182,40 @@ class _Arena:
         self.opt = opt
         self.updated = False
         self.token = secrets.randbits(62)  # names this arena's row numbering
-        self.weights: F32 = np.empty((0, dim), np.float32)
-        self.slots: list[F32] = [np.empty((0, dim), np.float32) for _ in range(optim.SLOTS[opt])]
+        self.reserve_rows = max(_MIN_CAPACITY, _RESERVE_BYTES // (4 * max(1, dim)))
+        self.copies = 0  # times the rows were copied into a larger reserve
+        self._bases: list[F32] = [self._reserve() for _ in range(1 + optim.SLOTS[opt])]
+        self.weights: F32 = self._bases[0][:0]
+        self.slots: list[F32] = [b[:0] for b in self._bases[1:]]
+
+    def _reserve(self, need: int = 0) -> F32:
+        # np.empty does not touch its pages: they are backed when a row is first written. Where
+        # the OS refuses the address space (strict overcommit), reserve less.
+        while True:
+            try:
+                return np.empty((self.reserve_rows, self.dim), np.float32)
+            except MemoryError:
+                floor = max(need, self.n, _MIN_CAPACITY)
+                if self.reserve_rows <= floor:
+                    raise
+                self.reserve_rows = max(floor, self.reserve_rows // 8)
+
+    def _view(self, cap: int) -> None:
+        self.weights = self._bases[0][:cap]
+        self.slots = [b[:cap] for b in self._bases[1:]]
 
     def alloc(self, k: int) -> I64:
         """``k`` new rows (slots zeroed; the caller writes their weights)."""
         n = self.n + k
-        cap = self.weights.shape[0]
-        if n > cap:
-            new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
-
-            def grow(old: F32) -> F32:
-                new = np.empty((new_cap, self.dim), np.float32)
-                new[: self.n] = old[: self.n]
-                return new
-
-            self.weights = grow(self.weights)
-            self.slots = [grow(s) for s in self.slots]
+        if n > self.reserve_rows:  # rare: move to a reserve 4x as large (one copy)
+            old = self._bases
+            self.reserve_rows = max(n, 4 * self.reserve_rows)
+            self._bases = [self._reserve(n) for _ in old]
+            for new, o in zip(self._bases, old, strict=True):
+                new[: self.n] = o[: self.n]
+            self.copies += 1
+        if n > self.weights.shape[0]:
+            self._view(n)
         for s in self.slots:
             s[self.n : n] = 0.0
         rows = np.arange(self.n, n, dtype=np.int64)
@@ -210,8 +232,10 @@ class _Arena:
                 f"{what} is trained with {self.opt} on this PS; this push asks for {cfg.name} "
                 "(a job keeps one training.optimizer.name)"
             )
-        cap = self.weights.shape[0]
-        self.slots = [np.zeros((cap, self.dim), np.float32) for _ in range(cfg.slots)]
+        self._bases = [self._bases[0], *(self._reserve() for _ in range(cfg.slots))]
+        self._view(self.weights.shape[0])
+        for sl in self.slots:
+            sl[:] = 0.0
         self.opt = cfg.name
 
     def update(
@@ -228,6 +252,7 @@ class _Arena:
         optim.sparse_update(cfg, self.weights, self.slots, rows, grads, steps)
 
     def allocated_bytes(self) -> int:
+        """Bytes of the rows in use (the reserve beyond them is address space only)."""
         return int(self.weights.nbytes + sum(s.nbytes for s in self.slots))
 
 
