@@ -335,7 +335,8 @@ class TrainingSpec(_Strict):
         default=100,
         ge=0,
         le=1_000_000,
-        description="PS: dense updates over which the dense lr ramps up linearly (0: none)",
+        description="PS, adagrad/adam: dense updates over which the dense lr ramps up "
+        "linearly (0: none)",
     )
 
     @field_validator("steps")

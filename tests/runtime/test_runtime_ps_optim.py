@@ -380,6 +380,7 @@ def test_dense_warmup_ramps_the_lr_and_resumes_from_a_checkpoint(name: str, tmp_
     update()
     assert shard.stats()["dense_warmup_pushes"] == 2  # updates 4 and 5 since the restore
     assert cfg.dense_lr(1) == pytest.approx(LR / warmup) and cfg.dense_lr(warmup) == LR
+    assert optim.OptimizerConfig("sgd", LR, warmup=warmup).dense_lr(1) == LR  # not scale-free
     # rows: the same push with and without a warm-up gives the same rows
     a, b = PSShard(), PSShard()
     ids = np.array([1, 2, 5], np.int64)

@@ -16,8 +16,8 @@ reads ``training.optimizer`` and ``training.dense_warmup`` from the job spec), s
 needs no optimizer flag; a table remembers the optimizer its state was built with and refuses a
 push that asks for another.
 
-``warmup`` (dense parameters only): update k of a dense parameter (its own count, kept in
-checkpoints) uses ``lr · min(1, k / warmup)``. Why: with a zero accumulator Adagrad's (and
+``warmup`` (dense parameters, Adagrad and Adam): update k of a dense parameter (its own count,
+kept in checkpoints) uses ``lr · min(1, k / warmup)``. Why: with a zero accumulator Adagrad's (and
 Adam's) first updates are ``lr · sign(g)`` on *every* weight whatever the gradient's size, the
 largest steps of the run, taken on the least information; DLRM's bottom MLP ends in a ReLU and
 those steps switch most of its 16 output units off for good within the first 1-3 updates
@@ -75,8 +75,9 @@ class OptimizerConfig:
         return out
 
     def dense_lr(self, step: int) -> float:
-        """The lr of a dense parameter's update number ``step`` (1 = its first)."""
-        if self.warmup and step < self.warmup:
+        """The lr of a dense parameter's update number ``step`` (1 = its first). SGD is not
+        warmed up: its steps are proportional to the gradient from the first one."""
+        if self.warmup and self.name != "sgd" and step < self.warmup:
             return self.lr * max(step, 1) / self.warmup
         return self.lr
 
