@@ -40,6 +40,12 @@ sent Adagrad at lr 0.05 into a bad state in about half the runs (held-out AUC 0.
 0.78, the same in a one-process torch simulation of the delay: notes/issue-12.md). Sparse rows
 are applied as they come: their staleness did not hurt.
 
+Dense warm-up: a Step or PushDense may carry ``warmup`` = W (the worker sends
+``training.dense_warmup``); dense update k of a parameter (its count, kept in checkpoints) then
+uses ``lr · min(1, k / W)`` for Adagrad and Adam (:meth:`.optim.OptimizerConfig.dense_lr`):
+their first updates are ±lr on every weight and switched all of DLRM's bottom-MLP outputs off
+in a few runs in a hundred (notes/issue-12.md).
+
 A *frozen* PS (a PS-set change is in progress) refuses every data call with UNAVAILABLE, so
 workers hold their pushes and wait for the new set: no update is applied to a set whose final
 checkpoint has been taken, and none is lost. Checkpoints carry a ``tag``: the master's shard
