@@ -91,7 +91,7 @@ def runtime_run(
 
 
 def baseline_run(
-    rows: int, extra: tuple[str, ...] = (), threads: int | None = None
+    rows: int, extra: tuple[str, ...] = (), threads: int | None = None, seed: int = 0
 ) -> dict[str, float]:
     import torch
 
@@ -101,7 +101,7 @@ def baseline_run(
 
     spec = load_spec(str(SMALL), [f"data.rows={rows}", *extra])
     torch.set_num_threads(threads or _cores())
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LocalDLRM(spec.model)
     lr = spec.training.optimizer.lr
     name = spec.training.optimizer.name
@@ -138,13 +138,20 @@ def baseline_run(
 
 
 def delayed_run(
-    rows: int, staleness: int, seed: int, scale_dense: bool, extra: tuple[str, ...] = ()
+    rows: int,
+    staleness: int,
+    seed: int,
+    scale_dense: bool,
+    extra: tuple[str, ...] = (),
+    keep: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Delayed-update Adagrad in one process (torch), the worker pipeline's staleness rule:
     step k of a shard computes on parameters lacking this shard's last ``min(k, staleness)``
     updates; a shard ends with all of them applied. ``scale_dense``: a dense gradient τ > 1
-    updates old gets lr/τ, as the PS applies it. Same model, init (the PS's row init, the
-    worker's tower from ``seed``), rows and optimizer as the runtime; returns held-out AUC."""
+    updates old gets lr/τ, as the PS applies it; dense update k gets
+    lr·min(1, k / training.dense_warmup), as the PS applies it. Same model, init (the PS's row
+    init, the worker's tower from ``seed``), rows and optimizer as the runtime; returns
+    held-out AUC (``keep``: filled with the trained ``tower``)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -176,6 +183,7 @@ def delayed_run(
     seen = [t.detach().clone() for t in tables]
     lr = spec.training.optimizer.lr
     opt = torch.optim.Adagrad([{"params": tables}, {"params": list(tower.parameters())}], lr=lr)
+    warmup, updates = spec.training.dense_warmup, 0
 
     def index(sparse: Any) -> list[torch.Tensor]:
         cols = embedding_ids(sparse, trows)
@@ -204,7 +212,9 @@ def delayed_run(
             for p, q in zip(tower.parameters(), reader.parameters(), strict=True):
                 p.grad = q.grad
             tau = len(delayed)
-            opt.param_groups[1]["lr"] = lr / tau if scale_dense and tau > 1 else lr
+            updates += 1
+            ramp = min(1.0, updates / warmup) if warmup else 1.0
+            opt.param_groups[1]["lr"] = ramp * (lr / tau if scale_dense and tau > 1 else lr)
             with torch.no_grad():
                 touched = [torch.unique(i) for i in idx]
                 before = [t[i].clone() for t, i in zip(tables, touched, strict=True)]
@@ -228,6 +238,8 @@ def delayed_run(
         return torch.stack([tables[f].detach()[i] for f, i in enumerate(index(sparse))], 1)
 
     auc, _ = evaluate(tower, lookup, held_out)
+    if keep is not None:
+        keep["tower"] = tower
     return {"auc": auc, "wall_s": time.perf_counter() - t0}
 
 

@@ -328,6 +328,16 @@ class TrainingSpec(_Strict):
         le=2**32 - 1,
         description="seed of the dense parameters' initial values (null: a random start)",
     )
+    # PS data plane: the first `dense_warmup` updates of a dense parameter ramp its lr up
+    # linearly (Adagrad's first steps are lr·sign(g) on every weight; without it they switch
+    # the bottom MLP's ReLU outputs off for good in a few runs in a hundred: notes/issue-12.md)
+    dense_warmup: int = Field(
+        default=100,
+        ge=0,
+        le=1_000_000,
+        description="PS, adagrad/adam: dense updates over which the dense lr ramps up "
+        "linearly (0: none)",
+    )
 
     @field_validator("steps")
     @classmethod

@@ -135,6 +135,40 @@ def test_many_ids_per_call_is_fast_and_grows_memory() -> None:
     )
 
 
+@pytest.mark.parametrize("reserve_bytes", [1 << 30, 4096 * 16 * 4])
+def test_the_row_store_grows_without_copying_the_table(
+    monkeypatch: pytest.MonkeyPatch, reserve_bytes: int
+) -> None:
+    """New ids widen a view of the arena's reserve: the rows never move (same buffer address,
+    no copy) while they fit it; past it (a tiny reserve here) they are copied once into a
+    reserve 4x as large, weights and optimizer state intact. Either way the table reads and
+    trains exactly as a shard that never grew (its rows created all at once)."""
+    monkeypatch.setattr(ps_mod, "_RESERVE_BYTES", reserve_bytes)
+    grown, whole = PSShard(), PSShard()
+    rng = np.random.default_rng(5)
+    batches = [rng.integers(0, 10**9, 3000) for _ in range(6)]
+    whole.pull("t0", np.concatenate(batches), dim=16)
+    addresses = set()
+    for ids in batches:
+        g = rng.standard_normal((ids.size, 16)).astype(np.float32)
+        for shard in (grown, whole):
+            shard.pull("t0", ids, dim=16)
+            shard.push("t0", ids, g, lr=LR)
+        arena = grown._arenas[16]
+        addresses.add(arena.weights.__array_interface__["data"][0])
+    every = np.unique(np.concatenate(batches))
+    np.testing.assert_array_equal(grown.pull("t0", every), whole.pull("t0", every))
+    np.testing.assert_array_equal(
+        grown.snapshot().tables["t0"].accum[np.argsort(grown.snapshot().tables["t0"].ids)],
+        whole.snapshot().tables["t0"].accum[np.argsort(whole.snapshot().tables["t0"].ids)],
+    )
+    if reserve_bytes == 1 << 30:
+        assert arena.copies == 0 and len(addresses) == 1  # 18k rows: never moved
+    else:
+        assert arena.copies == 2 and len(addresses) == 3  # 4096 -> 16384 -> 65536 rows
+    assert arena.allocated_bytes() == every.size * 16 * 4 * 2  # weights + Adagrad, rows in use
+
+
 def test_index_stays_consistent_across_delta_merges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ps_mod, "_DELTA_MIN", 8)  # merge the delta level into main very often
     s = PSShard()

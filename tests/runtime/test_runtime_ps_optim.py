@@ -4,13 +4,15 @@ duplicate ids, through the PSShard API and through the Step RPC."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
-from dlrover_core.runtime.strategies.ps.client import Exchange, PSClient
+from dlrover_core.runtime.strategies.ps.client import Exchange, PSClient, PSError
 from dlrover_core.runtime.strategies.ps.server import PSServer, PSShard
 
 LR = 0.05
@@ -153,6 +155,7 @@ def test_reduced_precision_transfer_round_trips_within_its_precision(transfer: s
         ("training.staleness=99", "training.staleness"),
         ("training.transfer=fp8", "training.transfer"),
         ("training.optimizer.name=rmsprop", "training.optimizer.name"),
+        ("training.dense_warmup=-1", "training.dense_warmup"),
     ],
 )
 def test_bad_data_plane_settings_are_refused_naming_the_field(override: str, field: str) -> None:
@@ -329,5 +332,84 @@ def test_the_step_rpc_returns_the_dense_version_and_scales_a_stale_push() -> Non
             np.testing.assert_allclose(c1.pull_dense()["w"], p.detach().numpy(), atol=ATOL)
             st = srv.shard.stats()
             assert st["dense_version"] == 3 and st["dense_stale_pushes"] == 1
+    finally:
+        srv.stop(0)
+
+
+@pytest.mark.parametrize("name", ["adagrad", "adam"])
+def test_dense_warmup_ramps_the_lr_and_resumes_from_a_checkpoint(name: str, tmp_path: Path) -> None:
+    """Dense update k of a parameter gets lr·k/W for k < W, then the full lr (torch's rule
+    with that lr, Adagrad and Adam); the update count travels in checkpoints, so a PS
+    restored after update 3 goes on at 4/W instead of starting the ramp again; a stale push
+    gets both factors (lr·k/W/τ). Sparse rows are never warmed up."""
+    from dlrover_core.runtime.strategies.ps import optim
+
+    warmup = 6
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    shard = PSShard()
+    shard.init_dense({"w": w0})
+    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    opt: torch.optim.Optimizer = (
+        torch.optim.Adagrad([p], lr=LR) if name == "adagrad" else torch.optim.Adam([p], lr=LR)
+    )
+    cfg = optim.OptimizerConfig(name, LR, warmup=warmup)
+    k = 0  # dense updates applied
+
+    def update(read: tuple[int, int] | None = None, tau: int = 1) -> None:
+        nonlocal k
+        k += 1
+        g = rng.standard_normal((3, 2)).astype(np.float32)
+        shard.apply_dense({"w": g}, cfg, read)
+        opt.param_groups[0]["lr"] = LR * min(1.0, k / warmup) / tau
+        p.grad = torch.from_numpy(g)
+        opt.step()
+        np.testing.assert_allclose(shard.pull_dense()["w"], p.detach().numpy(), atol=ATOL)
+
+    for _ in range(3):
+        update()
+    ckpt.save(shard, tmp_path, 3)  # a relaunch from the checkpoint written after update 3
+    loaded = ckpt.load_latest(tmp_path)
+    assert loaded is not None
+    shard = PSShard.from_state(loaded.state)
+    update()  # 4/W, not 1/W again
+    read = shard.dense_version
+    update()
+    update()
+    update(read, tau=2)  # update 7 computed on the values before update 5: τ = 2
+    update()
+    assert shard.stats()["dense_warmup_pushes"] == 2  # updates 4 and 5 since the restore
+    assert cfg.dense_lr(1) == pytest.approx(LR / warmup) and cfg.dense_lr(warmup) == LR
+    assert optim.OptimizerConfig("sgd", LR, warmup=warmup).dense_lr(1) == LR  # not scale-free
+    # rows: the same push with and without a warm-up gives the same rows
+    a, b = PSShard(), PSShard()
+    ids = np.array([1, 2, 5], np.int64)
+    grads = rng.standard_normal((3, DIM)).astype(np.float32)
+    a.step_many([("t", ids, DIM)], grads, [], optim.OptimizerConfig(name, LR))
+    b.step_many([("t", ids, DIM)], grads, [], cfg)
+    np.testing.assert_array_equal(a.pull("t", ids, DIM), b.pull("t", ids, DIM))
+
+
+def test_the_step_rpc_takes_the_warmup_from_the_worker_and_refuses_a_bad_one() -> None:
+    """The worker sends training.dense_warmup with every Step (``warmup``): the PS warms the
+    dense lr up by it; a negative or fractional one is refused with INVALID_ARGUMENT naming
+    it."""
+    token = "tok"
+    srv = PSServer(PSShard(), token)
+    srv.start()
+    try:
+        w0 = np.ones(4, np.float32)
+        with PSClient([srv.address], token, {"a": DIM}) as c:
+            c.init_dense({"w": w0})
+            c.pull_dense()
+            grad = np.full(4, 2.0, np.float32)
+            c.exchange(Exchange(dense_grads={"w": grad}), {"lr": LR, "warmup": 10})
+            # Adagrad's first step is lr·sign(g): here lr/10
+            np.testing.assert_allclose(c.pull_dense()["w"], w0 - LR / 10, atol=ATOL)
+            assert srv.shard.stats()["dense_warmup_pushes"] == 1
+            for bad in (-1, 2.5):
+                with pytest.raises(PSError) as e:
+                    c.exchange(Exchange(dense_grads={"w": grad}), {"lr": LR, "warmup": bad})
+                assert "INVALID_ARGUMENT" in str(e.value) and "warmup" in str(e.value)
     finally:
         srv.stop(0)

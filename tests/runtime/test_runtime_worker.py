@@ -275,8 +275,9 @@ def delayed_adagrad(
     torch's Adagrad: step k of a shard computes on parameters that lack this shard's last
     ``min(k, staleness)`` updates (the shard's first batches were prefetched before any of its
     pushes; a shard ends with every push applied), and a dense gradient computed τ > 1
-    updates before it is applied gets lr/τ. Returns the dense tower and, per table, (ids,
-    rows) of every id trained."""
+    updates before it is applied gets lr/τ, and dense update k (1 = the first) gets
+    lr·min(1, k / training.dense_warmup). Returns the dense tower and, per table, (ids, rows) of
+    every id trained."""
     torch.manual_seed(seed)
     tower = DenseTower(spec.model)  # the worker builds its tower from the same seed
     reader = DenseTower(spec.model)
@@ -292,6 +293,7 @@ def delayed_adagrad(
     seen = [t.detach().clone() for t in tables]
     lr = spec.training.optimizer.lr
     opt = torch.optim.Adagrad([{"params": tables}, {"params": list(tower.parameters())}], lr=lr)
+    warmup, k = spec.training.dense_warmup, 0
     for start in range(0, spec.data.rows, spec.shard_size):
         delayed: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]] = []
         part = data.rows(start, min(spec.data.rows, start + spec.shard_size))
@@ -309,7 +311,9 @@ def delayed_adagrad(
             for p, q in zip(tower.parameters(), reader.parameters(), strict=True):
                 p.grad = q.grad
             tau = len(delayed)  # updates applied since this step's values were read
-            opt.param_groups[1]["lr"] = lr / tau if tau > 1 else lr
+            k += 1
+            ramp = min(1.0, k / warmup) if warmup else 1.0
+            opt.param_groups[1]["lr"] = ramp * (lr / tau if tau > 1 else lr)
             with torch.no_grad():
                 touched = [torch.unique(i) for i in idx]
                 before = [t[i].clone() for t, i in zip(tables, touched, strict=True)]
@@ -341,18 +345,23 @@ def delayed_adagrad(
     return tower, {n: (k, t.detach().numpy()) for n, k, t in zip(names, keys, tables, strict=True)}
 
 
-@pytest.mark.parametrize("staleness", [0, 2])
+@pytest.mark.parametrize(("staleness", "warmup"), [(0, 100), (2, 8), (2, 0)])
 def test_the_pipelined_worker_computes_exactly_delayed_adagrad(
-    make_job: Callable[..., Job], staleness: int
+    make_job: Callable[..., Job], staleness: int, warmup: int
 ) -> None:
     """The whole data plane (plan, dedup, Step RPC, prefetch ring, row hints, background
-    pushes, dense versions, shard flush) against an independent one-process torch version of
-    delayed-update Adagrad: the same dense parameters and rows after 2 shards (20 steps),
-    float32 rounding apart. A lost, doubled or misrouted update, a row buffer overwritten
-    while in use or a dense lr not scaled for staleness moves them by ~lr = 0.05."""
+    pushes, dense versions, dense warm-up, shard flush) against an independent one-process
+    torch version of delayed-update Adagrad: the same dense parameters and rows after 2 shards
+    (20 steps), float32 rounding apart. A lost, doubled or misrouted update, a row buffer
+    overwritten while in use, a dense lr not scaled for staleness or not warmed up as
+    training.dense_warmup says moves them by up to ~lr = 0.05."""
     spec = small_spec(
-        rows=5120, shard_batches=10, training__staleness=staleness, training__seed=3
-    )  # the worker seeds its DenseTower init with training.seed
+        rows=5120,
+        shard_batches=10,
+        training__staleness=staleness,
+        training__seed=3,  # the worker seeds its DenseTower init with training.seed
+        training__dense_warmup=warmup,
+    )
     job = make_job(spec)
     torch.manual_seed(3)  # the worker's DenseTower init
     w = job.worker()
@@ -369,6 +378,7 @@ def test_the_pipelined_worker_computes_exactly_delayed_adagrad(
         )
     st = shard.stats()
     assert st["dense_staleness_max"] == staleness and st["dense_version"] == w.steps == 20
+    assert st["dense_warmup_pushes"] == min(20, max(0, warmup - 1))
 
 
 # --- PS set changes and failures -----------------------------------------------------------

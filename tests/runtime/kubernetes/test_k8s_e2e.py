@@ -119,9 +119,9 @@ def test_small_trains_through_kubernetes_worker_and_ps_pods_deleted(
     classes = [(f["node"], f["exit_class"], f["action"]) for f in report["faults"]]
     assert ("worker-0", "killed", "relaunch") in classes, classes
     assert ("ps-0", "killed", "relaunch") in classes, classes
-    # 0.768-0.771 in most runs; one in several collapses to ~0.67 (the asynchronous PS
-    # training's open accuracy defect, notes/issue-12.md): the bound checks the model learned
-    assert report["auc"] is not None and report["auc"] > 0.65, report["auc"]
+    # the issue's "accuracy kept" bound; before the PS warmed the dense lr up
+    # (training.dense_warmup) one run in several lost its dense features (~0.67: notes/issue-12.md)
+    assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
 
 
 def test_small_trains_through_kubernetes_ps_oom_killed(
@@ -132,9 +132,9 @@ def test_small_trains_through_kubernetes_ps_oom_killed(
     assert faults.done == ["worker", "ps-oom"]
     classes = [(f["node"], f["exit_class"], f["action"]) for f in report["faults"]]
     assert ("ps-0", "oom", "relaunch") in classes, classes
-    # 0.770-0.774 in three runs; one in several collapses to ~0.67 (the asynchronous PS
-    # training's open accuracy defect, notes/issue-12.md): the bound checks the model learned
-    assert report["auc"] is not None and report["auc"] > 0.65, report["auc"]
+    # the issue's "accuracy kept" bound; before the PS warmed the dense lr up
+    # (training.dense_warmup) one run in several lost its dense features (~0.67: notes/issue-12.md)
+    assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
 
 
 def test_master_restarted_mid_run_resumes_and_adopts_its_pods(

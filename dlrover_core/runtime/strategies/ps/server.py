@@ -40,6 +40,12 @@ sent Adagrad at lr 0.05 into a bad state in about half the runs (held-out AUC 0.
 0.78, the same in a one-process torch simulation of the delay: notes/issue-12.md). Sparse rows
 are applied as they come: their staleness did not hurt.
 
+Dense warm-up: a Step or PushDense may carry ``warmup`` = W (the worker sends
+``training.dense_warmup``); dense update k of a parameter (its count, kept in checkpoints) then
+uses ``lr · min(1, k / W)`` for Adagrad and Adam (:meth:`.optim.OptimizerConfig.dense_lr`):
+their first updates are ±lr on every weight and switched all of DLRM's bottom-MLP outputs off
+in a few runs in a hundred (notes/issue-12.md).
+
 A *frozen* PS (a PS-set change is in progress) refuses every data call with UNAVAILABLE, so
 workers hold their pushes and wait for the new set: no update is applied to a set whose final
 checkpoint has been taken, and none is lost. Checkpoints carry a ``tag``: the master's shard
@@ -96,6 +102,7 @@ DEFAULT_EPS = optim.DEFAULT_EPS["adagrad"]
 DEFAULT_INIT_STD = 0.01
 _MIN_CAPACITY = 1024
 _GROWTH = 1.5
+_RESERVE_BYTES = 1 << 30  # address space an arena reserves per matrix (backed as rows appear)
 _DELTA_MIN = 1 << 16
 
 F32 = npt.NDArray[np.float32]
@@ -165,10 +172,14 @@ class _Arena:
     """The rows of every table of one dim on this PS, with their optimizer slots.
 
     One float32 matrix for the weights and one per optimizer slot (Adagrad: 1, Adam: 2, SGD:
-    0), grown geometrically (×1.5: a new id costs an amortised O(1), never a copy of the
-    table per id). Sharing it across tables makes a step's lookups and its optimizer update a
-    few vectorised numpy ops for all its tables together. ``lock`` guards it and the
-    indexes of its tables: a step takes it once for its push and its pull."""
+    0). Each matrix is a view of a *reserve*: an array of :data:`_RESERVE_BYTES` allocated
+    once and never written beyond the rows in use, so the OS backs only the pages of rows that
+    exist (resident memory grows with the rows, the reserve is address space). Adding rows
+    widens the view: no copy of the table, whatever the growth. Only a table outgrowing its
+    reserve (16M rows of dim 16) copies, into a reserve 4× as large. Sharing it across tables
+    makes a step's lookups and its optimizer update a few vectorised numpy ops for all its
+    tables together. ``lock`` guards it and the indexes of its tables: a step takes it once
+    for its push and its pull."""
 
     def __init__(self, dim: int, opt: str) -> None:
         self.dim = dim
@@ -177,23 +188,40 @@ class _Arena:
         self.opt = opt
         self.updated = False
         self.token = secrets.randbits(62)  # names this arena's row numbering
-        self.weights: F32 = np.empty((0, dim), np.float32)
-        self.slots: list[F32] = [np.empty((0, dim), np.float32) for _ in range(optim.SLOTS[opt])]
+        self.reserve_rows = max(_MIN_CAPACITY, _RESERVE_BYTES // (4 * max(1, dim)))
+        self.copies = 0  # times the rows were copied into a larger reserve
+        self._bases: list[F32] = [self._reserve() for _ in range(1 + optim.SLOTS[opt])]
+        self.weights: F32 = self._bases[0][:0]
+        self.slots: list[F32] = [b[:0] for b in self._bases[1:]]
+
+    def _reserve(self, need: int = 0) -> F32:
+        # np.empty does not touch its pages: they are backed when a row is first written. Where
+        # the OS refuses the address space (strict overcommit), reserve less.
+        while True:
+            try:
+                return np.empty((self.reserve_rows, self.dim), np.float32)
+            except MemoryError:
+                floor = max(need, self.n, _MIN_CAPACITY)
+                if self.reserve_rows <= floor:
+                    raise
+                self.reserve_rows = max(floor, self.reserve_rows // 8)
+
+    def _view(self, cap: int) -> None:
+        self.weights = self._bases[0][:cap]
+        self.slots = [b[:cap] for b in self._bases[1:]]
 
     def alloc(self, k: int) -> I64:
         """``k`` new rows (slots zeroed; the caller writes their weights)."""
         n = self.n + k
-        cap = self.weights.shape[0]
-        if n > cap:
-            new_cap = max(n, int(cap * _GROWTH), _MIN_CAPACITY)
-
-            def grow(old: F32) -> F32:
-                new = np.empty((new_cap, self.dim), np.float32)
-                new[: self.n] = old[: self.n]
-                return new
-
-            self.weights = grow(self.weights)
-            self.slots = [grow(s) for s in self.slots]
+        if n > self.reserve_rows:  # rare: move to a reserve 4x as large (one copy)
+            old = self._bases
+            self.reserve_rows = max(n, 4 * self.reserve_rows)
+            self._bases = [self._reserve(n) for _ in old]
+            for new, o in zip(self._bases, old, strict=True):
+                new[: self.n] = o[: self.n]
+            self.copies += 1
+        if n > self.weights.shape[0]:
+            self._view(n)
         for s in self.slots:
             s[self.n : n] = 0.0
         rows = np.arange(self.n, n, dtype=np.int64)
@@ -210,8 +238,10 @@ class _Arena:
                 f"{what} is trained with {self.opt} on this PS; this push asks for {cfg.name} "
                 "(a job keeps one training.optimizer.name)"
             )
-        cap = self.weights.shape[0]
-        self.slots = [np.zeros((cap, self.dim), np.float32) for _ in range(cfg.slots)]
+        self._bases = [self._bases[0], *(self._reserve() for _ in range(cfg.slots))]
+        self._view(self.weights.shape[0])
+        for sl in self.slots:
+            sl[:] = 0.0
         self.opt = cfg.name
 
     def update(
@@ -228,6 +258,7 @@ class _Arena:
         optim.sparse_update(cfg, self.weights, self.slots, rows, grads, steps)
 
     def allocated_bytes(self) -> int:
+        """Bytes of the rows in use (the reserve beyond them is address space only)."""
         return int(self.weights.nbytes + sum(s.nbytes for s in self.slots))
 
 
@@ -420,9 +451,11 @@ class _Dense:
         return np.stack(self.slots) if self.slots else np.empty((0,), np.float32)
 
 
-def _config(opt: str | None, lr: float, eps: float | None) -> optim.OptimizerConfig:
+def _config(
+    opt: str | None, lr: float, eps: float | None, warmup: int = 0
+) -> optim.OptimizerConfig:
     name = opt or "adagrad"
-    return optim.OptimizerConfig(name, lr, eps if name == "adagrad" else None)
+    return optim.OptimizerConfig(name, lr, eps if name == "adagrad" else None, warmup=warmup)
 
 
 class PSShard:
@@ -458,6 +491,7 @@ class PSShard:
         self.dense_staleness_sum = 0  # Σ τ over dense pushes that said what they read
         self.dense_staleness_max = 0
         self.dense_read_pushes = 0  # dense pushes that said what they read
+        self.dense_warmup_pushes = 0  # dense pushes applied with a warm-up lr (< the full lr)
         self._counter_lock = threading.Lock()
         self.step = 0  # push calls applied (sparse or dense; a Step call counts once)
         self.version = 0  # changes of any kind, for "anything to checkpoint?"
@@ -467,8 +501,10 @@ class PSShard:
         self.pulled_ids = 0
         self.pushed_ids = 0
 
-    def config(self, opt: str | None = None, lr: float = DEFAULT_LR) -> optim.OptimizerConfig:
-        return _config(opt or self.optimizer, lr, self.eps)
+    def config(
+        self, opt: str | None = None, lr: float = DEFAULT_LR, warmup: int = 0
+    ) -> optim.OptimizerConfig:
+        return _config(opt or self.optimizer, lr, self.eps, warmup)
 
     # --- tables ---
 
@@ -750,7 +786,9 @@ class PSShard:
     ) -> None:
         """Apply ``cfg`` to the dense parameters with ``grads`` computed on the values of
         version ``dense_read``: ``τ`` updates later than that read, ``τ > 1`` applies them with
-        ``lr / τ`` (see the module docstring); otherwise exactly torch's rule."""
+        ``lr / τ`` (see the module docstring); otherwise exactly torch's rule. The first
+        ``cfg.warmup`` updates of a parameter ramp its lr up linearly
+        (:meth:`~.optim.OptimizerConfig.dense_lr`)."""
         if not grads:
             return
         with self._dense_lock:
@@ -760,18 +798,24 @@ class PSShard:
                         f"dense parameter {name!r} is not on PS {self.index}; init_dense it first"
                     )
             tau = self.staleness_of(dense_read)
+            scale = 1.0
             if tau is not None:
                 self.dense_read_pushes += 1
                 self.dense_staleness_sum += tau
                 self.dense_staleness_max = max(self.dense_staleness_max, tau)
                 if tau > 1:
                     self.dense_stale_pushes += 1
-                    cfg = replace(cfg, lr=cfg.lr / tau)
+                    scale = 1.0 / tau
+            warming = False
             for name, grad in grads.items():
                 d = self._dense[name]
                 d.use_optimizer(name, cfg)
                 d.steps += 1
-                optim.dense_update(cfg, d.weight, d.slots, _f32(grad, d.weight.shape), d.steps)
+                lr = cfg.dense_lr(d.steps) * scale
+                warming = warming or lr < cfg.lr * scale
+                c = cfg if lr == cfg.lr else replace(cfg, lr=lr)
+                optim.dense_update(c, d.weight, d.slots, _f32(grad, d.weight.shape), d.steps)
+            self.dense_warmup_pushes += warming
             self._dense_version += 1
 
     def push_dense(
@@ -866,6 +910,7 @@ class PSShard:
                     else 0.0
                 ),
                 "dense_staleness_max": self.dense_staleness_max,
+                "dense_warmup_pushes": self.dense_warmup_pushes,
             }
         with self._counter_lock:
             counters = {
@@ -1074,7 +1119,7 @@ class PSServer:
         lr = msg.get("lr")
         try:
             lr_f = float(lr if lr is not None else self.lr)
-            return self.shard.config(msg.get("opt"), lr_f)
+            return self.shard.config(msg.get("opt"), lr_f, msg.get("warmup") or 0)
         except (TypeError, ValueError) as e:
             raise _bad(str(e)) from e
 
@@ -1415,14 +1460,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.checkpoint(force=True)  # a relaunch restores this, not the sources again
     port = server.start()
     address = f"{advertise}:{port}"
+    dense_steps = [d.steps for d in shard._dense.values()]
     log.info(
-        "PS %d/%d (incarnation %d, generation %d) serving on %s, %d rows restored (%s, tag %d)",
+        "PS %d/%d (incarnation %d, generation %d) serving on %s, %d rows and %d dense "
+        "parameters (at update %d) restored (%s, tag %d)",
         args.index,
         args.num_ps,
         args.incarnation,
         args.generation,
         address,
         shard.num_rows,
+        len(dense_steps),
+        max(dense_steps, default=0),
         source,
         tag,
     )

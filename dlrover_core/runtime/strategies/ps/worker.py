@@ -230,6 +230,7 @@ class StepGrads:
     # per PS, the version of the dense values these gradients were computed on (a PS scales
     # the lr of a stale one: see the server's module docstring)
     dense_read: dict[int, tuple[int, int]] = field(default_factory=dict)
+    warmup: int = 0  # the PS ramps a dense parameter's lr over its first `warmup` updates
 
     @property
     def sparse(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -250,7 +251,7 @@ class StepGrads:
         return Exchange(self.plan, self.grads, self.dense, pull, want_dense, self.dense_read)
 
     def opt_fields(self) -> dict[str, Any]:
-        return _opt_fields(self.optimizer, self.lr)
+        return _opt_fields(self.optimizer, self.lr, self.warmup)
 
     def push(self, ps: PSClient) -> None:
         """Send them: one Step call per PS (the PS applies the optimizer with ``lr``; None:
@@ -258,12 +259,14 @@ class StepGrads:
         ps.exchange(self.exchange(), self.opt_fields(), self.transfer)
 
 
-def _opt_fields(optimizer: str | None, lr: float | None) -> dict[str, Any]:
+def _opt_fields(optimizer: str | None, lr: float | None, warmup: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if optimizer is not None:
         out["opt"] = optimizer
     if lr is not None:
         out["lr"] = lr
+    if warmup:
+        out["warmup"] = warmup
     return out
 
 
@@ -306,6 +309,7 @@ def compute_step(
     sync: DenseSync | None = None,
     optimizer: str | None = None,
     transfer: str = "fp32",
+    warmup: int = 0,
 ) -> tuple[float, StepGrads]:
     """The pull and compute half of :func:`train_step`: ``(mean loss, gradients to push)``.
 
@@ -314,7 +318,7 @@ def compute_step(
     want = sync is None or sync.due()
     plan = step_plan(ps, batch, names, rows)
     ex = Exchange(pull_plan=plan, want_dense=want)
-    got, dense = ps.exchange(ex, _opt_fields(optimizer, lr), transfer)
+    got, dense = ps.exchange(ex, _opt_fields(optimizer, lr, warmup), transfer)
     assert got is not None
     read = ex.dense_versions if want else dict(ps.dense_versions)
     if want:
@@ -325,7 +329,7 @@ def compute_step(
     loss, grads, dense_grads = forward_backward(tower, batch, plan, got)
     if sync is not None:
         sync.steps_since += 1
-    return loss, StepGrads(plan, grads, dense_grads, lr, optimizer, transfer, read)
+    return loss, StepGrads(plan, grads, dense_grads, lr, optimizer, transfer, read, warmup)
 
 
 def train_step(
@@ -339,6 +343,7 @@ def train_step(
     sync: DenseSync | None = None,
     optimizer: str | None = None,
     transfer: str = "fp32",
+    warmup: int = 0,
 ) -> float:
     """One asynchronous SGD step on ``batch``, not overlapped; returns its mean BCE loss.
 
@@ -351,7 +356,16 @@ def train_step(
     :class:`Worker` overlaps instead: each step's single round trip per PS carries the previous
     step's gradients and a later batch's ids (see :class:`StepTimes` and the module docstring)."""
     loss, grads = compute_step(
-        tower, ps, batch, names, rows, lr, sync=sync, optimizer=optimizer, transfer=transfer
+        tower,
+        ps,
+        batch,
+        names,
+        rows,
+        lr,
+        sync=sync,
+        optimizer=optimizer,
+        transfer=transfer,
+        warmup=warmup,
     )
     grads.push(ps)
     return loss
@@ -560,6 +574,7 @@ class Worker:
         self.optimizer: str | None = None
         self.staleness = 0
         self.transfer = "fp32"
+        self.warmup = 0
         self._bufs: list[np.ndarray] = []
         self._buf_next = 0
         # per PS, the version of the dense values in self.tower (sent with their gradients)
@@ -747,6 +762,7 @@ class Worker:
         self.optimizer = t.optimizer.name
         self.staleness = t.staleness if self.overlap_push else 0
         self.transfer = t.transfer
+        self.warmup = t.dense_warmup
         f = len(self.names)
         self._bufs = [
             np.empty((self.batch_size * f, self.spec.model.embedding_dim), np.float32)
@@ -813,6 +829,7 @@ class Worker:
             self.optimizer,
             self.transfer,
             self._dense_read,
+            self.warmup,
         )
         self.times.compute += time.perf_counter() - t0
         self.times.steps += 1
@@ -834,7 +851,8 @@ class Worker:
         assert self._ps is not None
         t0 = time.perf_counter()
         try:
-            return self._ps.exchange(ex, _opt_fields(self.optimizer, self.lr), self.transfer, out)
+            fields = _opt_fields(self.optimizer, self.lr, self.warmup)
+            return self._ps.exchange(ex, fields, self.transfer, out)
         finally:
             self.times.exchange += time.perf_counter() - t0
             self.times.exchanges += 1
