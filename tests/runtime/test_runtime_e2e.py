@@ -98,12 +98,11 @@ def test_faults_worker_kill_ps_kill_and_worker_oom(tmp_path: Path) -> None:
     oom = next(f for f in report["faults"] if f["exit_class"] == "oom")
     assert oom["resources"]["memory_mib"] >= 400  # the OOM bump: 2 × 200 MiB at least
     assert len(killer.done) == 2
-    # Both learned. The issue asks for the AUC within 0.01 of the fault-free run; measured on
-    # an idle machine the difference was ~0.001, but asynchronous SGD on 2 oversubscribed
-    # cores makes even two fault-free runs differ by up to ~0.1 under CI load, so the test
-    # checks that both runs learned rather than a difference it cannot control.
+    # Both learned, and kept the dense features (a run that lost them, every bottom-MLP ReLU
+    # dead, scores ~0.67: the collapse the dense warm-up prevents, benchmarks/ps_accuracy_seeds.py).
+    # Fault-free runs differ by ~0.006 here; under CI load a tighter difference is not checked.
     assert report["auc"] is not None and clean["auc"] is not None
-    assert report["auc"] > 0.65 and clean["auc"] > 0.65, (report["auc"], clean["auc"])
+    assert report["auc"] > 0.7 and clean["auc"] > 0.7, (report["auc"], clean["auc"])
 
 
 def test_killed_master_resumes_without_losing_or_repeating_a_shard(tmp_path: Path) -> None:
