@@ -120,6 +120,7 @@ def _safe_plan(st: _JobState, stage: str) -> Any:
 class DlroverOssPolicy(FixedInterval):
     name = "dlrover-oss"
     interval_s: float | None = 300.0
+    uses_samples = False  # the package reads runtime stats (observations), not Samples
     min_stats = 3  # runtime metrics of the current node set before a plan is asked for
 
     def __init__(self) -> None:
