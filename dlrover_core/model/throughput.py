@@ -107,6 +107,12 @@ class _LinearThroughputModel:
     ) -> tuple[float, ...]:
         raise NotImplementedError
 
+    def _feature_terms(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: float
+    ) -> tuple[FloatArray | float, ...]:
+        """The features as broadcastable terms (for :meth:`predict_grid`)."""
+        raise NotImplementedError
+
     # ----------------------------------------------------------------- checks
     @classmethod
     def _config_problems(cls, w: float, p: float, lw: float, lp: float) -> list[str]:
@@ -248,6 +254,9 @@ class _LinearThroughputModel:
         norms = np.linalg.norm(a, axis=0)
         norms[norms == 0] = 1.0
         an = a / norms
+        if int(np.linalg.matrix_rank(an, tol=1e-9)) == a.shape[1]:
+            # full column rank: every column adds rank, the greedy pass keeps them all
+            return np.ones(a.shape[1], dtype=bool)
         keep = np.zeros(a.shape[1], dtype=bool)
         rank = 0
         for j in range(a.shape[1]):
@@ -429,6 +438,58 @@ class _LinearThroughputModel:
         self._check_fitted()
         return self._unpack(configs)[1]
 
+    def predict_grid(
+        self,
+        workers: npt.ArrayLike,
+        ps: npt.ArrayLike,
+        worker_cpu_cores: npt.ArrayLike,
+        ps_cpu_cores: npt.ArrayLike,
+    ) -> FloatArray:
+        """Throughput (samples/s) on the full grid of the four axes: an array of shape
+        (len(workers), len(ps), len(worker_cpu), len(ps_cpu)), element [i, j, k, l] the
+        prediction of ``predict_many([[workers[i], ps[j], worker_cpu[k], ps_cpu[l]]])`` at
+        the default batch size. Each feature is computed on its own axes and broadcast, so a
+        planner's grid costs a few array operations instead of a 4 × n design matrix (the
+        same terms, summed in the features' order: equal to ``predict_many`` to rounding)."""
+        self._check_fitted()
+        axes = [
+            np.asarray(a, dtype=np.float64).ravel()
+            for a in (workers, ps, worker_cpu_cores, ps_cpu_cores)
+        ]
+        w, p, lw, lp = (
+            a.reshape([-1 if i == j else 1 for j in range(4)]) for i, a in enumerate(axes)
+        )
+        b = float(self.default_batch_size_)
+        bad = [f"workers={v:g}" for v in axes[0] if not (math.isfinite(v) and v >= 1)]
+        bad += [f"worker_cpu={v:g}" for v in axes[2] if not (math.isfinite(v) and v > 0)]
+        if self.uses_ps:
+            bad += [f"ps={v:g}" for v in axes[1] if not (math.isfinite(v) and v >= 1)]
+            bad += [f"ps_cpu={v:g}" for v in axes[3] if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise InputError(
+                "grid axes cannot be predicted: workers must be >= 1, CPUs > 0"
+                + (", ps >= 1" if self.uses_ps else "")
+                + "; fix these values",
+                problems=bad[:20],
+            )
+        fixed = getattr(self, "fixed_inputs_", {})
+        if fixed:
+            col = {"workers": 0, "ps": 1, "worker_cpu": 2, "ps_cpu": 3}
+            span = [
+                f"{name} never varied in the fitted samples (always {val:g}); the grid asks "
+                f"for other values: predict at {name}={val:g}"
+                for name, val in fixed.items()
+                if np.any(np.abs(axes[col[name]] - val) > 1e-9)
+            ]
+            if span:
+                raise InputError("cannot predict outside the fitted samples' span", problems=span)
+        t_hat: FloatArray | float = 0.0
+        for c, f in zip(self._coef_t, self._feature_terms(w, p, lw, lp, b), strict=True):
+            t_hat = t_hat + c * f
+        shape = tuple(len(a) for a in axes)
+        t_full = np.broadcast_to(np.maximum(t_hat, _T_FLOOR), shape)
+        return np.asarray(w * b / t_full, dtype=np.float64)
+
     def predict_bounds_many(
         self, configs: npt.ArrayLike
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -540,6 +601,12 @@ class PSThroughputModel(_LinearThroughputModel):
         wpb = w / p * b
         return (1.0, b / lw, wpb / lp, wpb, float(p))
 
+    def _feature_terms(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: float
+    ) -> tuple[FloatArray | float, ...]:
+        wpb = w / p * b
+        return (1.0, b / lw, wpb / lp, wpb, p)
+
 
 class PSExtendedThroughputModel(PSThroughputModel):
     """The PS form plus ``b4·B/λp``: a step's own PS service time when no other worker
@@ -563,6 +630,12 @@ class PSExtendedThroughputModel(PSThroughputModel):
         wpb = w / p * b
         return (1.0, b / lw, wpb / lp, wpb, float(p), b / lp)
 
+    def _feature_terms(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: float
+    ) -> tuple[FloatArray | float, ...]:
+        wpb = w / p * b
+        return (1.0, b / lw, wpb / lp, wpb, p, b / lp)
+
 
 class AllReduceThroughputModel(_LinearThroughputModel):
     """Synchronous all-reduce throughput (no PS; ``ps`` / ``ps_cpu`` are ignored, 0 allowed)."""
@@ -580,6 +653,11 @@ class AllReduceThroughputModel(_LinearThroughputModel):
     def _features_scalar(
         self, w: float, p: float, lw: float, lp: float, b: float
     ) -> tuple[float, ...]:
+        return (1.0, b / lw, (w - 1.0) / w, w - 1.0)
+
+    def _feature_terms(
+        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: float
+    ) -> tuple[FloatArray | float, ...]:
         return (1.0, b / lw, (w - 1.0) / w, w - 1.0)
 
 

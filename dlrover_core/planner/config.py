@@ -3,6 +3,7 @@ where it has one; ours are marked."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dlrover_core.spec import JobSpec
@@ -28,12 +29,18 @@ class PlannerConfig:
     memory_gib_per_core: float = 4.0  # 1 core costs as much as 4 GiB (cloud price ratio)
     min_gain: float = 0.03  # change only if the objective improves by ≥ 3 % (hysteresis)
     max_worker_step: int = 8  # DLRover: ≤ +8 workers per step
+    # ... or this share of the current count when larger (ours: a job whose best size is
+    # 100+ workers needs a dozen +8 steps, each a pause and a re-plan interval)
+    max_worker_growth: float = 1.0
     ps_saturation_util: float = 0.95  # DLRover: stop adding workers if a PS is this busy
     min_marginal_speed_ratio: float = 0.2  # DLRover: (ΔX/Δw)/(X/w)
     deceleration: float = 0.2  # DLRover: speed down ≥ 20 % after a change -> revert
     worker_memory_margin: float = 1.5  # DLRover: worker memory = max used × 1.5
     worker_cpu_margin: float = 1.1  # CPU per worker <= peak used × margin when under-used,
     worker_underuse: float = 0.85  # i.e. when the busiest worker uses < 85 % of its CPU
+    # when the best objective is a configuration about as fast as now (a cost cut that saves
+    # no time), the best one predicted at least this much faster is weighed too (ours)
+    faster_min_speedup: float = 0.15
     urgent_ps_gain: float = 0.25  # a PS change inside the PS pacing interval must beat
     # the best worker-only change by this much (ours: DLRover's fixed 1 h wait costs long jobs)
     ps_memory_margin: float = 1.2
@@ -87,6 +94,10 @@ class PlannerConfig:
     hot_window: int = 3
     pending_timeout_s: float = 900.0
     history_window_s: float = 7 * 86400.0
+
+    def worker_step(self, workers: int) -> int:
+        """The largest worker increase one move may make from ``workers``."""
+        return max(self.max_worker_step, math.ceil(self.max_worker_growth * workers))
 
     @classmethod
     def from_spec(cls, spec: JobSpec, **overrides: object) -> PlannerConfig:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.memory import IdGrowthModel, PSMemoryModel, WorkerMemoryModel
 from dlrover_core.spec import JobSpec
-from dlrover_core.types import Observation, Role
+from dlrover_core.types import NodeState, Observation, Role
 
 WORKER_BASE_MIB = 1024  # a worker process with torch loaded and a few batches in flight
 
@@ -36,7 +36,48 @@ def expected_distinct_ids(spec: JobSpec) -> float:
     return total
 
 
-def id_growth_from(observations: Sequence[Observation]) -> IdGrowthModel | None:
+@dataclass(frozen=True)
+class ObservedMemory:
+    """What the memory fits read from one observation (computed once per observation: a
+    planner re-fits on a sliding window, so each observation is summarised once, not once per
+    call)."""
+
+    samples_done: int
+    samples_total: int
+    distinct_ids: int | None
+    ps_used_mib: tuple[int, ...]  # running PS, in node order
+    worker_used_max_mib: int | None  # running workers' largest use (None: no worker running)
+    worker_used_min_mib: int | None
+
+    @classmethod
+    def of(cls, o: Observation) -> ObservedMemory:
+        ps: list[int] = []
+        w: list[int] = []
+        for n in o.nodes:
+            if n.state is NodeState.RUNNING:
+                if n.role is Role.PS:
+                    ps.append(n.memory_used_mib)
+                elif n.role is Role.WORKER:
+                    w.append(n.memory_used_mib)
+        return cls(
+            o.samples_done,
+            o.samples_total,
+            o.distinct_ids,
+            tuple(ps),
+            max(w) if w else None,
+            min(w) if w else None,
+        )
+
+
+def _summaries(
+    observations: Sequence[Observation] | Sequence[ObservedMemory],
+) -> list[ObservedMemory]:
+    return [o if isinstance(o, ObservedMemory) else ObservedMemory.of(o) for o in observations]
+
+
+def id_growth_from(
+    observations: Sequence[Observation] | Sequence[ObservedMemory],
+) -> IdGrowthModel | None:
     pts = [
         (o.samples_done, o.distinct_ids)
         for o in observations
@@ -77,20 +118,25 @@ class PSMemoryFit:
         return float(self.growth.samples_for(ids))
 
 
-def _ps_nodes_over_time(observations: Sequence[Observation]) -> list[tuple[float, list[int]]]:
+def _ps_nodes_over_time(
+    observations: Sequence[ObservedMemory],
+) -> list[tuple[float, tuple[int, ...]]]:
     """(distinct IDs, per-PS memory used) of observations with the latest PS count."""
     if not observations:
         return []
-    per_obs = [[n.memory_used_mib for n in o.of(Role.PS)] for o in observations]
-    p_now = len(per_obs[-1])
+    p_now = len(observations[-1].ps_used_mib)
     return [
-        (float(o.distinct_ids), used)
-        for o, used in zip(observations, per_obs, strict=True)
-        if o.distinct_ids is not None and len(used) == p_now and p_now > 0
+        (float(o.distinct_ids), o.ps_used_mib)
+        for o in observations
+        if o.distinct_ids is not None and len(o.ps_used_mib) == p_now and p_now > 0
     ]
 
 
-def fit_ps_memory(spec: JobSpec, observations: Sequence[Observation] = ()) -> PSMemoryFit:
+def fit_ps_memory(
+    spec: JobSpec, observations: Sequence[Observation] | Sequence[ObservedMemory] = ()
+) -> PSMemoryFit:
+    """``observations`` may be given as their :class:`ObservedMemory` summaries."""
+    observations = _summaries(observations)
     model = ps_memory_model(spec)
     growth = id_growth_from(observations)
     total = observations[-1].samples_total if observations else 0
@@ -139,28 +185,39 @@ def ps_memory_per_node_mib(
 
 
 def ps_memory_from_fit(
-    fit: PSMemoryFit, num_ps: int, observations: Sequence[Observation] = (), margin: float = 1.2
+    fit: PSMemoryFit,
+    num_ps: int,
+    observations: Sequence[Observation] | Sequence[ObservedMemory] = (),
+    margin: float = 1.2,
 ) -> float:
     """As :func:`ps_memory_per_node_mib`, for a fit already made (fit once, size many)."""
     need = fit.per_ps_mib(num_ps)
-    if observations and len(observations[-1].of(Role.PS)) == num_ps:
-        # never below what the busiest PS already uses
-        need = max(need, max(n.memory_used_mib for n in observations[-1].of(Role.PS)))
+    if observations:
+        last = observations[-1]
+        used = (
+            last.ps_used_mib
+            if isinstance(last, ObservedMemory)
+            else tuple(n.memory_used_mib for n in last.of(Role.PS))
+        )
+        if len(used) == num_ps and used:
+            # never below what the busiest PS already uses
+            need = max(need, max(used))
     return need * margin
 
 
 def worker_memory_mib(
-    spec: JobSpec, observations: Sequence[Observation] = (), margin: float = 1.5
+    spec: JobSpec,
+    observations: Sequence[Observation] | Sequence[ObservedMemory] = (),
+    margin: float = 1.5,
 ) -> int:
-    used = [n.memory_used_mib for o in observations for n in o.of(Role.WORKER)]
-    if used:
+    sums = [o for o in _summaries(observations) if o.worker_used_max_mib is not None]
+    if sums:
         # the model keeps the largest use: fit it on that one value once all are valid
-        # (the full list only to name a bad value)
-        ok = all(u >= 0 for u in used)
+        # (the list of bad values only to name them)
+        lo = min(o.worker_used_min_mib for o in sums if o.worker_used_min_mib is not None)
+        hi = max(o.worker_used_max_mib for o in sums if o.worker_used_max_mib is not None)
         return (
-            WorkerMemoryModel(margin=margin, floor_mib=512)
-            .fit([max(used)] if ok else used)
-            .predict()
+            WorkerMemoryModel(margin=margin, floor_mib=512).fit([hi] if lo >= 0 else [lo]).predict()
         )
     batch_mib = spec.training.batch_size * (spec.model.dense_features + 4 * 26) * 4 / 2**20
     return int(WORKER_BASE_MIB + 64 * batch_mib)

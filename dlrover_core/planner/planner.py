@@ -25,6 +25,7 @@ from dlrover_core.planner import scaling
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import (
+    ObservedMemory,
     PSMemoryFit,
     fit_ps_memory,
     ps_memory_from_fit,
@@ -45,6 +46,7 @@ from dlrover_core.types import (
 
 SAMPLE_ACTION = "sample:"
 REVERT_ACTION = "revert"
+BOTTLENECK_ACTION = "bottleneck"
 
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
@@ -56,9 +58,14 @@ def default_model_factory(
     configurations identify it — it halves the held-out error on queueing-like data
     (tests/model) — and the paper's five-coefficient form before that."""
     if strategy == "ps" and PSExtendedThroughputModel.count_configs(samples) >= 6:
-        ext = PSExtendedThroughputModel(batch_size=batch_size)
-        if ext.is_identifiable(samples):
-            return ext.fit(samples)
+        # fit it once and keep it when every coefficient was identified (what
+        # ``is_identifiable`` would check first, at the cost of a second design and rank)
+        try:
+            ext = PSExtendedThroughputModel(batch_size=batch_size).fit(samples)
+        except DLRoverError:
+            ext = None
+        if ext is not None and ext.full_rank_:
+            return ext
     return fit_throughput_model(samples, strategy, batch_size=batch_size)
 
 
@@ -91,6 +98,23 @@ class Planner:
         # new observation arrives (keyed on its time and the window's length)
         self._memo_key: tuple[int, float, float] | None = None
         self._memo: tuple[PSMemoryFit, int] | None = None
+        # each observation summarised once (the window slides by one per call): keyed on
+        # id() with the object kept, so a recycled id never matches
+        self._summary: dict[int, tuple[Observation, ObservedMemory]] = {}
+        self._last_summaries: list[ObservedMemory] = []
+
+    def _summaries(self, observations: Sequence[Observation]) -> list[ObservedMemory]:
+        old = self._summary
+        new: dict[int, tuple[Observation, ObservedMemory]] = {}
+        out: list[ObservedMemory] = []
+        for o in observations:
+            hit = old.get(id(o))
+            if hit is None or hit[0] is not o:
+                hit = (o, ObservedMemory.of(o))
+            new[id(o)] = hit
+            out.append(hit[1])
+        self._summary = new
+        return out
 
     def _memory_fits(self, observations: Sequence[Observation]) -> tuple[PSMemoryFit, int]:
         key = (
@@ -99,11 +123,13 @@ class Planner:
             else (0, 0.0, 0.0)
         )
         if self._memo is None or key != self._memo_key:
+            sums = self._summaries(observations)
             self._memo = (
-                fit_ps_memory(self.spec, observations),
-                worker_memory_mib(self.spec, observations, self.config.worker_memory_margin),
+                fit_ps_memory(self.spec, sums),
+                worker_memory_mib(self.spec, sums, self.config.worker_memory_margin),
             )
             self._memo_key = key
+            self._last_summaries = sums
         return self._memo
 
     # --- stage 1 ------------------------------------------------------------------------
@@ -223,7 +249,53 @@ class Planner:
                 current, [*prior_samples, *samples], observations, past_plans, now_s, note,
                 model.fixed_inputs_ if model is not None else None,
             )  # fmt: skip
+        if nxt is None and not trusted:
+            # no model to trust and nothing left to sample: DLRover's closed-form rules
+            # still see a bottleneck the job measures (every PS hot; PS idle with workers
+            # waiting on nothing): act on it rather than keep a slow configuration
+            nxt = self._bottleneck_move(current, [*prior_samples, *samples], observations,
+                                        past_plans, now_s, left_s, note)  # fmt: skip
         return PlanDecision(nxt, (note,), model, next_check_s=None if nxt is not None else settle)
+
+    def _bottleneck_move(
+        self,
+        current: ResourcePlan,
+        samples: Sequence[Sample],
+        observations: Sequence[Observation],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+        left_s: float | None,
+        why: str,
+    ) -> ResourcePlan | None:
+        """The first of DLRover's bottleneck moves (all PS hot: more PS CPU or PS; PS well
+        under their target: more workers) that fits the quota, was not measured yet and
+        leaves enough time to pay back its pause."""
+        cfg = self.config
+        if not observations or self.bounds.ps.max_count == 0:
+            return None
+        if left_s is not None and left_s < cfg.min_remaining_to_sample_s:
+            return None
+        ps_nodes = observations[-1].of(Role.PS)
+        if not ps_nodes:
+            return None
+        seen = {scaling.sample_key(s) for s in samples}
+        avoid = abandoned_keys([*past_plans, current])
+        for w, p, what in scaling.bottleneck_candidates(current, self.bounds, cfg, observations):
+            w2, p2, _ = self.bounds.fit(w, p)
+            key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+            if key in seen or key in avoid or key == scaling.plan_key(current):
+                continue
+            return current.replace(
+                workers=w2,
+                ps=p2,
+                overrides=(),
+                stage=Stage.SCALING,
+                reasons=(f"bottleneck rule: {what} ({why})",),
+                predicted_throughput_sps=None,
+                created_at_s=now_s,
+                action=BOTTLENECK_ACTION,
+            )
+        return None
 
     def monitor(
         self,
@@ -306,9 +378,22 @@ class Planner:
                     f"worth {extra:+.0%} over the best worker-only change"
                 )
                 res = alt
+        best = res
         if res.gain < cfg.min_gain or (res.workers, res.ps) == (current.workers, current.ps):
-            return None, f"current plan is within {cfg.min_gain:.0%} of the best", unblocked
-        worth, note = self._worth_it(model, current, res, here, left_s)
+            worth, note = False, f"current plan is within {cfg.min_gain:.0%} of the best"
+        else:
+            worth, note = self._worth_it(model, current, res, here, left_s)
+        if not worth and best.faster is not None:
+            # the best objective saves no time: the best of the clearly faster ones may
+            f_worth, f_note = self._worth_it(model, current, best.faster, here, left_s)
+            if f_worth and (best.faster.workers, best.faster.ps) != (current.workers, current.ps):
+                res, worth, note = best.faster, True, f_note
+        if not worth and limits.change_workers:
+            # far moves carry a wide band: a bounded step near the measured configuration,
+            # where the band is narrow, may still save clearly more than its pause
+            local = self._local_speedup(model, current, limits, here, left_s, res)
+            if local is not None:
+                res, worth, note = local
         if not worth:
             return None, note, unblocked
         plan = self._scaled_plan(current, res, model, now_s)
@@ -317,6 +402,71 @@ class Planner:
             note,
             None,
         )
+
+    def _local_speedup(
+        self,
+        model: ThroughputModel,
+        current: ResourcePlan,
+        limits: scaling.SearchLimits,
+        here: Sequence[Sample],
+        left_s: float | None,
+        ref: scaling.SearchResult,
+    ) -> tuple[scaling.SearchResult, bool, str] | None:
+        """Bounded steps from the current configuration (workers + ½ and + 1 step, one or
+        half again as many PS when PS may change; CPUs kept), each judged on the model's
+        lower band by :meth:`_worth_it`: the one that saves most, or None."""
+        cfg = self.config
+        x_meas = _mean_tput(here)
+        if x_meas is None or left_s is None or model.fixed_inputs_:
+            return None
+        cw, cp = current.workers, current.ps
+        step = cfg.worker_step(current.workers.count)
+        ws = {cw.count}
+        if not limits.no_more_workers:
+            ws |= {cw.count + max(1, step // 2), cw.count + step}
+        ps = {cp.count}
+        if limits.change_ps and self.bounds.ps.max_count > 0 and cp.count > 0:
+            ps |= {cp.count + 1, math.ceil(cp.count * 1.5)}
+        cands = []
+        for nw, np_ in itertools.product(sorted(ws), sorted(ps)):
+            if (nw, np_) == (cw.count, cp.count):
+                continue
+            w2, p2, _ = self.bounds.fit(RolePlan(nw, cw.resources), RolePlan(np_, cp.resources))
+            key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+            if (w2.count, p2.count) == (cw.count, cp.count) or key in limits.avoid:
+                continue
+            cands.append((w2, p2))
+        if not cands:
+            return None
+        arr = np.array(
+            [[w.count, p.count, w.resources.cpu_cores, p.resources.cpu_cores] for w, p in cands]
+            + [[cw.count, cp.count, cw.resources.cpu_cores, cp.resources.cpu_cores]],
+            dtype=np.float64,
+        )
+        if model.span_problems(arr):
+            return None
+        x, lo, _ = model.predict_bounds_many(arr)
+        calib = x_meas / float(x[-1]) if x[-1] > 0 else 1.0
+        # (time saved on the lower band, cheaper first): the step that saves most
+        scored: list[tuple[float, int, int]] = []
+        for i, (wp, pp) in enumerate(cands):
+            lo_i = float(lo[i]) * calib
+            if lo_i <= x_meas * (1 + cfg.faster_min_speedup):
+                continue
+            cores = (wp.total + pp.total).cpu_millicores
+            scored.append((left_s - left_s * x_meas / lo_i, -cores, i))
+        if not scored:
+            return None
+        i = max(scored)[2]
+        wp, pp = cands[i]
+        res = dataclasses.replace(
+            ref, workers=wp, ps=pp, throughput_sps=float(x[i]), faster=None,
+            current_throughput_sps=float(x[-1]),
+        )  # fmt: skip
+        worth, note = self._worth_it(model, current, res, here, left_s)
+        if not worth:
+            return None
+        return res, True, f"bounded step: {note}"
 
     def _worth_it(
         self,
@@ -391,9 +541,10 @@ class Planner:
         """``memory_from``: before the job runs, size memory from this (warm/cold) plan."""
         cfg = self.config
         fit, w_mem = self._memory_fits(observations)
+        sums = self._last_summaries[-1:] if observations else []
 
         def ps_mem(p: int) -> int:
-            need = ps_memory_from_fit(fit, p, observations, cfg.ps_memory_margin)
+            need = ps_memory_from_fit(fit, p, sums, cfg.ps_memory_margin)
             if memory_from is not None and memory_from.ps.count > 0:
                 # same total over p PS, but never below 3/4 of a node of the base plan: each
                 # PS has a fixed part the base plan's total cannot tell apart
@@ -488,7 +639,7 @@ class Planner:
             avoid=abandoned_keys(plans),
             change_workers=w_ok,
             change_ps=ps_ok,
-            max_worker_step=cfg.max_worker_step,
+            max_worker_step=cfg.worker_step(current.workers.count),
             no_more_workers=no_more,
             ps_capacity_floor=floor,
             max_worker_cpu_millicores=cap,

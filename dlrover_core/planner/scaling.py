@@ -9,6 +9,7 @@ continuous form of DLRover's marginal-speed-ratio guard. The search is a vectori
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,10 @@ class SearchResult:
     current_throughput_sps: float
     current_objective: float
     evaluated: int
+    # the best objective among configurations predicted at least ``faster_min_speedup``
+    # faster than the current one (None: none is): the move to weigh when the overall best
+    # saves no time (a cheaper configuration at about the same speed)
+    faster: SearchResult | None = None
 
     @property
     def gain(self) -> float:
@@ -184,21 +189,21 @@ def search(
     if not limits.change_ps:
         p_mem_of = {p: cp.resources.memory_mib for p in pv}
 
-    W, P, WC, PC = (
-        a.ravel().astype(np.float64) for a in np.meshgrid(wv, pv, wcv, pcv, indexing="ij")
-    )
-    PM = np.array([p_mem_of[int(p)] for p in pv], dtype=np.float64)[
-        np.searchsorted(np.array(pv), P.astype(int))
-    ]
+    # the grid as four broadcast axes (workers, PS, CPU per worker, CPU per PS): every
+    # quantity below is a sum of per-axis terms, so no 4 × n design matrix is built
+    W = np.asarray(wv, dtype=np.float64).reshape(-1, 1, 1, 1)
+    P = np.asarray(pv, dtype=np.float64).reshape(1, -1, 1, 1)
+    WC = np.asarray(wcv, dtype=np.float64).reshape(1, 1, -1, 1)
+    PC = np.asarray(pcv, dtype=np.float64).reshape(1, 1, 1, -1)
+    PM = np.array([p_mem_of[p] for p in pv], dtype=np.float64).reshape(1, -1, 1, 1)
     q = bounds.quota
-    tot_cpu = W * WC + P * PC
-    tot_mem = W * w_mem + P * PM
+    tot_cpu, tot_mem = W * WC + P * PC, W * float(w_mem) + P * PM
     ok = (tot_cpu <= q.cpu_millicores) & (tot_mem <= q.memory_mib)
     if limits.ps_capacity_floor is not None:
-        ok &= (cw.count >= W) | (limits.ps_capacity_floor < P * PC)
+        ok = ok & ((cw.count >= W) | (limits.ps_capacity_floor < P * PC))
     for aw, ap, awc, apc in limits.avoid:
-        hit = np.equal(W, aw) & np.equal(P, ap) & np.equal(WC, awc) & np.equal(PC, apc)
-        ok &= ~hit
+        ok = ok & ~(np.equal(W, aw) & np.equal(P, ap) & np.equal(WC, awc) & np.equal(PC, apc))
+    ok = np.broadcast_to(ok, (len(wv), len(pv), len(wcv), len(pcv)))
     # always evaluate the current configuration too
     cur = np.array(
         [
@@ -211,9 +216,20 @@ def search(
         ]
     )
     in_span = not model.span_problems(cur)
-    any_ok = bool(ok.any())
-    # the current configuration is predicted with the grid (one call) when there is one
-    x_cur = float(model.predict_many(cur)[0]) if in_span and not any_ok else 0.0
+    n_ok = int(np.count_nonzero(ok))
+    # the current configuration on its own one-point grid: the grid's arithmetic
+    x_cur = (
+        float(
+            model.predict_grid(
+                [cw.count],
+                [cp.count],
+                [cw.resources.cpu_millicores / 1000],
+                [cp.resources.cpu_millicores / 1000 if uses_ps else 1.0],
+            )[0, 0, 0, 0]
+        )
+        if in_span
+        else 0.0
+    )
     c_cur = float(
         cost(
             cw.count,
@@ -231,23 +247,32 @@ def search(
             return -50.0  # the current configuration is outside what the model knows
         return math.log(max(x_now, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
 
-    if not any_ok:
-        j_cur = objective_now(x_cur)
-        return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
-    W, P, WC, PC, PM = W[ok], P[ok], WC[ok], PC[ok], PM[ok]
-    cfgs = np.column_stack([W, P, WC / 1000.0, np.where(P > 0, PC, 1000.0) / 1000.0])
-    if in_span:
-        both = model.predict_many(np.vstack([cfgs, cur]))
-        x, x_cur = both[:-1], float(both[-1])
-    else:
-        x = model.predict_many(cfgs)
     j_cur = objective_now(x_cur)
+    if not n_ok:
+        return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
+    # no PS (all-reduce): a placeholder PS CPU the model ignores
+    p_cpu = np.asarray(pcv, dtype=np.float64) / 1000.0 if uses_ps else np.ones(1)
+    x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu)
     c = cost(W, P, WC, PC, float(w_mem), PM, cfg.memory_gib_per_core)
     j = np.log(np.maximum(x, 1e-12)) - cfg.min_elasticity * np.log(np.maximum(c, 1e-12))
-    i = int(np.argmax(j))
-    workers = RolePlan(int(W[i]), NodeResources(int(WC[i]), int(w_mem)))
-    ps = RolePlan(int(P[i]), NodeResources(int(PC[i]), int(PM[i])))
-    return SearchResult(workers, ps, float(x[i]), float(j[i]), x_cur, j_cur, len(x))
+    j = np.where(ok, j, -np.inf)
+
+    def at(flat: int, n: int) -> SearchResult:
+        iw, ip, iwc, ipc = np.unravel_index(flat, j.shape)
+        workers = RolePlan(int(wv[iw]), NodeResources(int(wcv[iwc]), int(w_mem)))
+        ps = RolePlan(int(pv[ip]), NodeResources(int(pcv[ipc]), int(p_mem_of[pv[ip]])))
+        return SearchResult(
+            workers, ps, float(x[iw, ip, iwc, ipc]), float(j[iw, ip, iwc, ipc]), x_cur, j_cur, n
+        )
+
+    best = at(int(np.argmax(j)), n_ok)
+    faster = None
+    if in_span and x_cur > 0 and best.throughput_sps < x_cur * (1 + cfg.faster_min_speedup):
+        jf = np.where(x >= x_cur * (1 + cfg.faster_min_speedup), j, -np.inf)
+        k = int(np.argmax(jf))
+        if np.isfinite(jf.flat[k]):
+            faster = at(k, n_ok)
+    return dataclasses.replace(best, faster=faster) if faster is not None else best
 
 
 # --- sampling: configurations to try before the model can be trusted --------------------
@@ -286,7 +311,7 @@ def sampling_candidates(
     if uses_ps and pc > 0 and 0 < p_used < cfg.worker_ps_target_util * pc:
         # DLRover's worker rule: grow workers until the busiest PS is ~85 % busy (≤ +8)
         grow = math.ceil(w.count * cfg.worker_ps_target_util * pc / p_used)
-        grow = min(grow, w.count + cfg.max_worker_step)
+        grow = min(grow, w.count + cfg.worker_step(w.count))
         if grow > w.count:
             out.append((RolePlan(grow, w.resources), p, "workers until the PS are busy"))
     # a worker using well under its CPU is limited elsewhere: try it at what it uses
@@ -306,6 +331,50 @@ def sampling_candidates(
         out.append((w, RolePlan(p.count + 2, pcpu(pc * 0.5)), "two more PS at half CPU"))
     out.append((RolePlan(w.count + 2, wcpu(wc * 0.5)), p, "two more workers at half CPU"))
     return out
+
+
+def bottleneck_candidates(
+    current: ResourcePlan,
+    bounds: JobBounds,
+    cfg: PlannerConfig,
+    observations: Sequence[Observation],
+) -> list[tuple[RolePlan, RolePlan, str]]:
+    """DLRover's closed-form moves for a bottleneck the last observation shows, for when no
+    model can be trusted: every PS hot -> CPU per PS towards ~70 % busy (at most ×4, up to
+    the largest level), or more PS once the CPU is at its cap; the busiest PS well under
+    ``worker_ps_target_util`` -> more workers until it would be (≤ ``max_worker_step``)."""
+    w, p = current.workers, current.ps
+    last = observations[-1] if observations else None
+    if last is None or p.count == 0:
+        return []
+    ps_nodes = last.of(Role.PS)
+    if not ps_nodes:
+        return []
+    levels = cfg.cpu_levels_millicores
+    pc = p.resources.cpu_millicores
+    utils = [n.cpu_util for n in ps_nodes]
+    out: list[tuple[RolePlan, RolePlan, str]] = []
+    if min(utils) >= cfg.hot_ps_cpu_util:
+        top = min(bounds.ps.max_cpu_millicores, max(levels))
+        if pc < top:
+            want = min(4 * pc, pc * max(utils) / cfg.idle_target_util)
+            up = min((lv for lv in levels if lv >= want), default=top)
+            new_pc = min(max(up, _next_level(pc, levels)), top)
+            out.append((w, RolePlan(p.count, NodeResources(new_pc, p.resources.memory_mib)),
+                        "every PS hot: CPU per PS towards 70% busy"))  # fmt: skip
+        more = min(4 * p.count, math.ceil(p.count * max(utils) / cfg.idle_target_util))
+        if more > p.count:
+            out.append((w, RolePlan(more, p.resources), "every PS hot: PS until 70% busy"))
+    elif 0 < max(utils) < cfg.worker_ps_target_util:
+        grow = math.ceil(w.count * cfg.worker_ps_target_util / max(utils))
+        grow = min(grow, w.count + cfg.worker_step(w.count))
+        if grow > w.count:
+            out.append((RolePlan(grow, w.resources), p, "PS under their target: more workers"))
+    return out
+
+
+def _next_level(m: int, levels: Sequence[int]) -> int:
+    return min((lv for lv in levels if lv > m), default=m)
 
 
 def _nearest_level(m: float, levels: Sequence[int]) -> int:

@@ -181,6 +181,9 @@ class Engine:
     ) -> None:
         self.cfg = config or EngineConfig()
         self.policy = policy
+        # a policy that never reads speed samples (``uses_samples = False``) gets none built:
+        # their noise is still drawn, so every other random stream stays the same
+        self._build_samples = bool(getattr(policy, "uses_samples", True))
         self.capacity = capacity
         self.seed = seed
         self.runs = [
@@ -307,6 +310,9 @@ class Engine:
             return
         skip = max(0, n - self.cfg.keep_samples)
         truth = run.job.truth
+        if not self._build_samples:
+            run.rng_noise.normal(0.0, truth.noise_sigma, size=n - skip)
+            return
         ps_util = None
         if run.p_used.size:
             ps_util = max(

@@ -199,6 +199,8 @@ def _relaunch_same(*_: Any) -> RelaunchDecision:
 class ManualPolicy(FixedInterval):
     """The user's request, unchanged; failed nodes relaunch at the same size."""
 
+    uses_samples = False  # decides from observations only: the engine builds no Samples
+
     name = "manual"
     interval_s: float | None = None
 
@@ -290,6 +292,8 @@ class VpaPolicy(FixedInterval):
     outside [lower, upper]. OOM: the memory sample recorded is max(1.2 x limit, limit +
     100 MiB). Replica counts stay the user's. Half-life 24 h.
     """
+
+    uses_samples = False  # decides from observations only: the engine builds no Samples
 
     name = "vpa"
     interval_s: float | None = 300.0
@@ -403,6 +407,8 @@ class AutopilotPolicy(FixedInterval):
     (history of earlier runs of the signature + live) x 1.2. No replica scaling. A live change
     is applied only when it moves a request by more than 15%. OOM: memory x 1.5.
     """
+
+    uses_samples = False  # decides from observations only: the engine builds no Samples
 
     name = "autopilot"
     interval_s: float | None = 600.0
@@ -627,6 +633,8 @@ class OptimusPolicy(FixedInterval):
 # ---- oracle -------------------------------------------------------------------------------
 class OraclePolicy(FixedInterval):
     """Knows each job's truth: starts at ``JobTruth.oracle_config`` and never changes."""
+
+    uses_samples = False  # decides from observations only: the engine builds no Samples
 
     name = "oracle"
     interval_s: float | None = None

@@ -1,0 +1,91 @@
+"""Issue 10, the tail: decisions that keep big or bottlenecked jobs from staying slow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlrover_core.model.throughput import PSExtendedThroughputModel, PSThroughputModel
+from dlrover_core.planner import Planner, PlannerConfig
+from dlrover_core.planner.bounds import JobBounds
+from dlrover_core.planner.planner import BOTTLENECK_ACTION
+from dlrover_core.planner.scaling import bottleneck_candidates
+from dlrover_core.types import Stage
+from tests.factories import exact_samples, make_obs, make_plan, make_spec
+
+
+@pytest.mark.parametrize(
+    ("step", "growth", "workers", "expected"),
+    [(8, 1.0, 4, 8), (8, 1.0, 20, 20), (8, 0.5, 20, 10), (8, 0.0, 50, 8), (2, 1.0, 1, 2)],
+)
+def test_worker_step_is_the_larger_of_the_fixed_step_and_the_growth(
+    step: int, growth: float, workers: int, expected: int
+) -> None:
+    cfg = PlannerConfig(max_worker_step=step, max_worker_growth=growth)
+    assert cfg.worker_step(workers) == expected
+
+
+def test_every_ps_hot_raises_ps_cpu_first_then_ps_count() -> None:
+    """3 PS at 0.5 CPU, all ≥ 90 % busy (a warm start measured on a PS-bound run): CPU per
+    PS towards 70 % busy, ×4 at most → 2 CPU; then more PS."""
+    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    cur = make_plan((14, 1000, 4096), (3, 500, 8192))
+    obs = [make_obs(600.0, ps_util=(0.99, 0.97, 0.95), ps_cpu=500, worker_speeds=[80.0] * 14)]
+    cands = bottleneck_candidates(cur, JobBounds.from_spec(spec), PlannerConfig(), obs)
+    assert [c[2] for c in cands] == [
+        "every PS hot: CPU per PS towards 70% busy",
+        "every PS hot: PS until 70% busy",
+    ]
+    assert cands[0][1].resources.cpu_millicores == 1000  # 0.5 × 0.99 / 0.7 → next level 1 CPU
+    assert cands[1][1].count == 5  # ceil(3 × 0.99 / 0.7)
+
+
+def test_idle_ps_grows_workers_until_the_ps_would_be_busy() -> None:
+    spec = make_spec(quota={"cpu": 640, "memory": "2560Gi"})
+    cur = make_plan((10, 2000, 4096), (2, 8000, 8192))
+    obs = [make_obs(600.0, ps_util=(0.2, 0.25), ps_cpu=8000, worker_speeds=[80.0] * 10)]
+    cands = bottleneck_candidates(cur, JobBounds.from_spec(spec), PlannerConfig(), obs)
+    assert [c[2] for c in cands] == ["PS under their target: more workers"]
+    assert cands[0][0].count == 20  # ceil(10 × 0.85 / 0.25) = 34, bounded by +10 (×2)
+
+
+def test_untrusted_model_with_no_sampling_left_follows_the_bottleneck_rule() -> None:
+    """Noisy samples (model error > max_trust_rel_error) of enough configurations that no
+    sampling is left, and every PS hot (stage 3 leaves capacity to stage 2): the planner
+    still acts on the bottleneck (it used to keep the slow configuration)."""
+    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    cfg = PlannerConfig.from_spec(spec, max_trust_rel_error=0.0, max_sampling_configs=1)
+    planner = Planner(spec, cfg)
+    cur = make_plan((4, 2000, 4096), (2, 1000, 8192), created_at_s=0.0, stage=Stage.SCALING)
+    rng = np.random.default_rng(0)
+    samples = []
+    for i, (w, p, wc, pc) in enumerate([(4, 1, 2.0, 1.0), (2, 2, 2.0, 1.0), (4, 2, 2.0, 1.0)]):
+        for r in range(6):
+            x = 100.0 * w * float(rng.uniform(0.5, 1.5))
+            s = exact_samples({"a0": 0.1, "a1": 0.001, "b1": 0.001, "b2": 0.0, "b3": 0.0},
+                              [(w, p, wc, pc)])[0]  # fmt: skip
+            samples.append(type(s)(**{**s.__dict__, "throughput_sps": x,
+                                      "timestamp_s": 100.0 * i + r}))  # fmt: skip
+    obs = [
+        make_obs(
+            t, ps_util=(0.97, 0.96), ps_cpu=1000, worker_speeds=[100.0] * 4, samples_total=10**9
+        )
+        for t in (900.0, 960.0, 1020.0)
+    ]
+    d = planner.replan(cur, obs, samples, 1200.0, [cur])
+    assert d.plan is not None, d.notes
+    assert d.plan.action == BOTTLENECK_ACTION
+    assert d.plan.ps.resources.cpu_millicores > 1000 or d.plan.ps.count > 1
+
+
+@pytest.mark.parametrize("cls", [PSThroughputModel, PSExtendedThroughputModel])
+def test_predict_grid_equals_predict_many(cls: type[PSThroughputModel]) -> None:
+    coef = {"a0": 0.05, "a1": 0.002, "b1": 0.0004, "b2": 1e-6, "b3": 0.003}
+    cfgs = [(w, p, wc, pc) for w in (1, 3, 8) for p in (1, 2, 5) for wc in (1.0, 4.0)
+            for pc in (0.5, 2.0)]  # fmt: skip
+    m = cls().fit(exact_samples(coef, cfgs))
+    ws, ps, wcs, pcs = [1, 2, 9, 40], [1, 3, 7], [0.5, 1.0, 6.0], [1.0, 2.0, 16.0]
+    grid = m.predict_grid(ws, ps, wcs, pcs)
+    rows = np.array([(w, p, a, b) for w in ws for p in ps for a in wcs for b in pcs])
+    assert grid.shape == (4, 3, 3, 3)
+    np.testing.assert_allclose(grid.ravel(), m.predict_many(rows), rtol=1e-12)
