@@ -205,6 +205,10 @@ class JobMaster:
             interval_s=spec.pacing.heartbeat_interval_s, dead_after_s=spec.pacing.dead_after_s
         )
         self.switch_downtimes_s: list[float] = []
+        self._evaluated = False  # the held-out AUC is taken once every PS serves at the end
+        self._auc: float | None = None
+        self._eval_retry_mono: float | None = None
+        self._eval_deadline_mono: float | None = None
 
     # --- checks before anything is written ----------------------------------------------------
     def _check_runnable(self) -> None:
@@ -260,6 +264,7 @@ class JobMaster:
             synchronous="NORMAL",
         )
         self.state.persist()  # this master's start is on record before it acts
+        self.state.workers_may_leave = not self._hold_workers_at_the_end
         self._prior = self.planner.history_samples(self._history, self.clock())
         bind, advertise = self.backend.endpoint()
         port = 0
@@ -1059,9 +1064,42 @@ class JobMaster:
         """A change of the node set is in progress (the job cannot end meanwhile)."""
         return self._switch is not None
 
+    # workers wait at the end until the job may end (the all-reduce master lets them go)
+    _hold_workers_at_the_end = True
+
     def _finished(self) -> bool:
-        """Every shard is done: may the job end now? (PS: yes; all-reduce: once the group left
-        at its final checkpoint.)"""
+        """Every shard is done: may the job end now? PS: once every PS of the active set
+        serves (a PS lost at the end restores its checkpoint and gives the shards done after
+        it back first) and the model was evaluated on that set; only then are the workers
+        told "done". A PS unreachable at the evaluation: not yet (its exit or its missed
+        heartbeats come next); past a deadline the job ends without an AUC."""
+        assert self.state is not None
+        active = self.state.generations_in(GEN_ACTIVE)
+        if active:
+            _, missing = self._serving(int(active[-1]["id"]), int(active[-1]["count"]))
+            if missing:
+                return False
+        if self._evaluated:
+            self.state.workers_may_leave = True
+            return True
+        now = self.mono()
+        if self._eval_retry_mono is not None and now < self._eval_retry_mono:
+            return False
+        addresses, _ = self.state.ps_set()
+        try:
+            self.state.set_job_state("evaluating")
+            self._auc = self.strategy.evaluate(self.spec, addresses, self.token)
+        except Exception as e:
+            if self._eval_deadline_mono is None:
+                self._eval_deadline_mono = now + max(30.0, self.spec.pacing.dead_after_s + 30.0)
+            if now < self._eval_deadline_mono:
+                log.warning("evaluation postponed: %s", e)
+                self.state.set_job_state("running")
+                self._eval_retry_mono = now + 2.0
+                return False
+            log.warning("evaluation failed: %s", e)
+        self._evaluated = True
+        self.state.workers_may_leave = True
         return True
 
     def _start_or_resume(self) -> None:
@@ -1160,7 +1198,9 @@ class JobMaster:
         if self._lease_lost:
             log.error("%s: leaving the nodes to the master that holds the lease", self.failure)
             return {"state": "failed", "failure": self.failure}
-        if ok and st is not None:
+        if ok and st is not None and self._evaluated:
+            auc = self._auc
+        elif ok and st is not None:
             with contextlib.suppress(Exception):
                 st.set_job_state("evaluating")
             addresses, _ = st.ps_set()

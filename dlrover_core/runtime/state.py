@@ -214,6 +214,9 @@ class MasterState:
         self._losses: collections.deque[float] = collections.deque(maxlen=100)
         self.metrics_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=_LOG_LEN)
         self._last_persist_s = -math.inf
+        # with every shard done, workers are told "done" only once the master says the job
+        # can end (a PS lost at the end may still give shards back); in memory, not persisted
+        self.workers_may_leave = True
         if self.state_path.exists():
             self._restore(config)
         self.shards = ShardQueue.open(
@@ -680,7 +683,7 @@ class MasterState:
             if shard is not None:
                 return shard.to_dict()
             c = self.shards.counts()
-            if c["doing"]:
+            if c["doing"] or not self.workers_may_leave:
                 return {"wait": True}
             return {"done": True, "failed": c["failed"]}
 

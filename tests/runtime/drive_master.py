@@ -12,6 +12,8 @@ Scenarios (the master is real; only the moment of the fault is scripted):
 - ``raise``: at 30 % an exception escapes the control loop.
 - ``stop_new_worker``: worker 0's first incarnation is SIGSTOPped as soon as it is launched
   (it never registers).
+- ``kill_ps_at_end``: every shard is done and the master evaluates: PS 0 is SIGKILLed just
+  before (the evaluation finds it gone).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from dlrover_core.runtime.backends.local import LocalBackend
@@ -86,6 +89,19 @@ def main() -> int:
             m._apply(m.plan.replace(ps=RolePlan(2, m.plan.ps.resources), reasons=("test: 2 PS",)))
 
     m = JobMaster(spec, run_dir, backend, plan=plan, on_tick=on_tick, replan=False, tick_s=0.1)
+    if scenario == "kill_ps_at_end":
+        real_evaluate = m.strategy.evaluate
+        killed: list[int] = []
+
+        def kill_then_evaluate(*a, **k):  # type: ignore[no-untyped-def]
+            n = m.nodes.get((Role.PS, 0))
+            if not killed and n is not None and n.handle is not None:
+                killed.append(int(n.handle.ref))
+                os.kill(int(n.handle.ref), signal.SIGKILL)
+                time.sleep(0.3)  # gone before the evaluation reaches it
+            return real_evaluate(*a, **k)
+
+        m.strategy.evaluate = kill_then_evaluate  # type: ignore[method-assign]
     r = m.run()
     print(r.get("state"), r.get("failure"), flush=True)
     return 0 if r.get("state") == "succeeded" else 1

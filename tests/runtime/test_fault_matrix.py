@@ -177,6 +177,24 @@ def test_a_worker_stopped_before_it_registers_is_relaunched(tmp_path: Path, run:
     fk.assert_no_orphans(run)
 
 
+def test_a_ps_lost_at_the_end_gives_its_shards_back_before_the_job_ends(
+    tmp_path: Path, run: Path
+) -> None:
+    """Every shard is done and the master evaluates, but PS 0 has just been SIGKILLed: the
+    job does not end on a model that lost the updates after the PS's last checkpoint. The PS
+    is relaunched, the shards done after its checkpoint are trained again by the workers,
+    which waited, and the model is evaluated on the restored set."""
+    d = _drive(tmp_path, run, "kill_ps_at_end")
+    assert d.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-3000:]
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    assert any(f["node"] == "ps-0" and f["exit_class"] == "killed" for f in r["faults"])
+    assert r["auc"] is not None and r["auc"] > 0.6, r["auc"]
+    log = (tmp_path / "driver.log").read_text()
+    assert "evaluation postponed" in log, log[-3000:]
+    fk.assert_no_orphans(run)
+
+
 def test_nodes_leave_when_the_master_dies_for_good(tmp_path: Path, run: Path) -> None:
     p = _train(tmp_path, run, "data.rows=2000000")
     fk.wait_for(lambda: fk.running_pid(run, "worker", 0), 300, "worker-0 to register")

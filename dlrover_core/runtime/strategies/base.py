@@ -51,5 +51,7 @@ class Strategy(Protocol):
         ...
 
     def evaluate(self, spec: JobSpec, ps_addresses: Sequence[str], token: str) -> float | None:
-        """Held-out AUC of the trained model (``None`` when it cannot be evaluated)."""
+        """Held-out AUC of the trained model (``None`` when there is nothing to evaluate on).
+        Raises :class:`DLRoverError` when a node it needs cannot be reached: the controller
+        then waits for that node's relaunch instead of ending on a model that lost updates."""
         ...

@@ -329,6 +329,8 @@ class AllReduceMaster(JobMaster):
     def _changing(self) -> bool:
         return self._resize is not None
 
+    _hold_workers_at_the_end = False  # ranks leave at their final checkpoint by themselves
+
     def _finished(self) -> bool:
         """Every shard is done: end once the group left at its final checkpoint (it does so by
         itself within a round), or stop it after a grace."""

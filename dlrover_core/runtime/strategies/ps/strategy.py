@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from dlrover_core.errors import DLRoverError
 from dlrover_core.runtime.strategies.base import NodeCommand
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import Role
@@ -65,10 +64,8 @@ class PSStrategy:
         from dlrover_core.runtime.strategies.ps.worker import evaluate_on_ps
 
         tables = {t.name: spec.model.table_dim(t) for t in spec.model.embedding_tables}
-        try:
-            with PSClient(list(ps_addresses), token, tables) as client:
-                auc, _ = evaluate_on_ps(spec, client)
-            return float(auc)
-        except DLRoverError as e:
-            log.warning("evaluation failed: %s", e)
-            return None
+        # a PS that cannot be reached raises (DLRoverError): the controller waits for its
+        # relaunch rather than end the job on a model that lost updates
+        with PSClient(list(ps_addresses), token, tables) as client:
+            auc, _ = evaluate_on_ps(spec, client)
+        return float(auc)
