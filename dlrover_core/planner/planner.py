@@ -569,8 +569,15 @@ class Planner:
             f"{prefix}: {w.count} worker(s) × {w.resources.cpu_cores:g} CPU, {p.count} PS × "
             f"{p.resources.cpu_cores:g} CPU maximises log(throughput) − "
             f"{self.config.min_elasticity}·log(cost) over {res.evaluated} configurations",
-            f"predicted {res.throughput_sps:,.0f} samples/s vs {res.current_throughput_sps:,.0f} "
-            f"now (objective +{res.gain:.1%}; model error {model.relative_error_:.1%})",
+            (
+                f"predicted {res.throughput_sps:,.0f} samples/s vs "
+                f"{res.current_throughput_sps:,.0f} now (objective +{res.gain:.1%}; "
+                f"model error {model.relative_error_:.1%})"
+                if res.current_throughput_sps > 0 and math.isfinite(res.gain) and res.gain < 100
+                else f"predicted {res.throughput_sps:,.0f} samples/s (the current "
+                f"configuration is outside what the samples predict; model error "
+                f"{model.relative_error_:.1%})"
+            ),
         ]
         keep = tuple(
             o

@@ -350,9 +350,11 @@ def _inject(tmp: Path, run: Path, fault: str, rng: random.Random) -> str | None:
         if fault == "corrupt_and_kill_ps":
             gens = fk.state(run).get("generations", [])
             gdir = run / "ps" / f"gen-{gens[-1]['id']}" / f"ps-{node_id}" if gens else None
-            newest = sorted(gdir.glob("ckpt-*.npz"))[-1:] if gdir and gdir.is_dir() else []
-            for f in newest:  # the newest of the kept ones: the PS falls back to the previous
-                f.write_bytes(b"garbage" * 1000)
+            kept = sorted(gdir.glob("ckpt-*.npz")) if gdir and gdir.is_dir() else []
+            if len(kept) < 2:  # corrupting the only copy is its own case (the job fails)
+                fault = "kill_ps"
+            else:  # the newest of the kept ones: the PS falls back to the previous one
+                kept[-1].write_bytes(b"garbage" * 1000)
         os.kill(pid, signal.SIGKILL)
     return f"{fault} {role}-{node_id} (pid {pid})"
 

@@ -1456,8 +1456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = PSServer(shard, token, own_dir, bind, args.port, args.lr, max_workers=args.threads)
     server.tag = tag
     server.mark_checkpointed(restored)
-    if restored is None:
-        server.checkpoint(force=True)  # a relaunch restores this, not the sources again
+    if restored is None or len(ckpt.list_checkpoints(own_dir)) < ckpt.KEEP:
+        # a relaunch restores this, not the sources again; after a fall-back past a corrupt
+        # checkpoint (set aside), this restores the redundancy of ``KEEP`` good copies
+        server.checkpoint(force=True)
     port = server.start()
     address = f"{advertise}:{port}"
     dense_steps = [d.steps for d in shard._dense.values()]
