@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,9 +34,8 @@ def _airflow_env(home: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_example_dag_runs_end_to_end(tmp_path: Path) -> None:
+def airflow_home(tmp_path: Path) -> dict[str, str]:
+    """A fresh AIRFLOW_HOME under ``tmp_path`` with its database migrated; its environment."""
     home = tmp_path / "airflow"
     home.mkdir()
     env = _airflow_env(home)
@@ -44,8 +44,13 @@ def test_example_dag_runs_end_to_end(tmp_path: Path) -> None:
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert mig.returncode == 0, mig.stdout[-3000:] + mig.stderr[-3000:]
+    return env
 
-    conf = {"overrides": ["data.rows=50000"], "n_configs": 2, "work_dir": str(tmp_path / "w")}
+
+def run_dag(
+    tmp_path: Path, env: dict[str, str], conf: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """One ``dag.test()`` of the example DAG in a subprocess: its result line and its output."""
     run = subprocess.run(
         [sys.executable, str(RUNNER), json.dumps(conf)],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540,
@@ -53,7 +58,15 @@ def test_example_dag_runs_end_to_end(tmp_path: Path) -> None:
     out = run.stdout + run.stderr
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
     assert run.returncode == 0 and lines, out[-6000:]
-    res = json.loads(lines[-1].removeprefix("RESULT "))
+    return dict(json.loads(lines[-1].removeprefix("RESULT "))), out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_example_dag_runs_end_to_end(tmp_path: Path) -> None:
+    env = airflow_home(tmp_path)
+    conf = {"overrides": ["data.rows=50000"], "n_configs": 2, "work_dir": str(tmp_path / "w")}
+    res, out = run_dag(tmp_path, env, conf)
 
     assert res["tis"] == {"profile": "success", "plan": "success", "train": "success"}, out[-6000:]
     assert res["state"] == "success"

@@ -5,44 +5,23 @@ run is recorded, and the second one's plan starts from it. Real Airflow, real tr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("airflow")
 
-from tests.operators.test_airflow_dag import RUNNER, _airflow_env
-
-
-def _run_dag(tmp_path: Path, env: dict[str, str], conf: dict[str, Any]) -> dict[str, Any]:
-    run = subprocess.run(
-        [sys.executable, str(RUNNER), json.dumps(conf)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540,
-    )  # fmt: skip
-    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert run.returncode == 0 and lines, (run.stdout + run.stderr)[-6000:]
-    res: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
-    assert res["state"] == "success", res["tis"]
-    return res
+from tests.operators.test_airflow_dag import airflow_home, run_dag
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_the_second_scheduled_run_warm_starts_from_the_first(tmp_path: Path) -> None:
-    home = tmp_path / "airflow"
-    home.mkdir()
-    env = _airflow_env(home)  # DLROVER_RM_HISTORY: one store for both runs
-    mig = subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert mig.returncode == 0, mig.stdout[-3000:] + mig.stderr[-3000:]
+    env = airflow_home(tmp_path)  # its DLROVER_RM_HISTORY: one store for both runs
     conf = {"overrides": ["data.rows=40000"], "n_configs": 1, "work_dir": str(tmp_path / "w")}
-    first = _run_dag(tmp_path, env, conf)
-    second = _run_dag(tmp_path, env, conf)
+    first, _ = run_dag(tmp_path, env, conf)
+    second, _ = run_dag(tmp_path, env, conf)
+    assert first["state"] == second["state"] == "success", (first["tis"], second["tis"])
     assert first["report"]["state"] == second["report"]["state"] == "succeeded"
     # the XCom report is the complete one: its history record and its model are in it
     for res in (first, second):
