@@ -597,11 +597,7 @@ class JobMaster:
                     and want.memory_mib == n.resources.memory_mib
                     and self.backend.resize(n.handle, want)
                 ):
-                    log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
-                    self._event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
-                    n.resources = want
-                    n.resized_mono = self.mono()
-                    self.state.record_resize(n.role, n.node_id, want)
+                    self._resized(n, want)
                     continue
                 self._start_worker(i, want)
         for i in range(new.workers.count, old.workers.count):
@@ -640,12 +636,17 @@ class JobMaster:
                 log.info("%s cannot be resized in place: a PS-set change instead", n.name)
                 return False  # the set change replaces every PS, resized ones included
         for n, want in changes:
-            log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
-            self._event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
-            n.resources = want
-            n.resized_mono = self.mono()
-            self.state.record_resize(n.role, n.node_id, want)
+            self._resized(n, want)
         return True
+
+    def _resized(self, n: _Node, want: NodeResources) -> None:
+        """The backend resized ``n`` in place: record it (same incarnation) and follow it."""
+        assert self.state is not None
+        log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
+        self._event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
+        n.resources = want
+        n.resized_mono = self.mono()
+        self.state.record_resize(n.role, n.node_id, want)
 
     # --- faults ------------------------------------------------------------------------------
     def _on_exit(self, e: NodeExit) -> None:
@@ -1208,16 +1209,16 @@ class JobMaster:
                 auc = self.strategy.evaluate(self.spec, addresses, self.token)
             except Exception as e:
                 log.warning("evaluation failed: %s", e)
-        ending = "failed" if self.failure else ("stopped" if self.stop_reason else "succeeded")
+        state = "failed" if self.failure else ("stopped" if self.stop_reason else "succeeded")
         done = ""
         with contextlib.suppress(Exception):
             done = f"{st.shards.samples_done:,}/{st.shards.samples_total:,} samples" if st else ""
         self._event(
             None,
-            f"Job{ending.capitalize()}",
-            f"{ending}: {self.failure or self.stop_reason or done}"
+            f"Job{state.capitalize()}",
+            f"{state}: {self.failure or self.stop_reason or done}"
             + ("" if auc is None else f", AUC {auc:.4f}"),
-            warning=ending != "succeeded",
+            warning=state != "succeeded",
         )
         try:
             self.backend.shutdown()
@@ -1225,7 +1226,6 @@ class JobMaster:
             log.error("stopping the nodes failed: %s", e)
         with contextlib.suppress(Exception):
             self.backend.poll()
-        state = "failed" if self.failure else ("stopped" if self.stop_reason else "succeeded")
         reason = self.failure or self.stop_reason
         report: dict[str, Any] = {"state": state, "failure": self.failure}
         if st is not None:
