@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.runtime_throughput import SMALL, baseline_run, delayed_run, runtime_run
+from tests.runtime.test_runtime_e2e import Killer  # the e2e test's fault driver
 
 COLLAPSED_AUC = 0.72  # below what either the dense or the sparse features alone reach
 
@@ -84,26 +85,6 @@ def final_model(run_dir: Path, extra: tuple[str, ...]) -> dict[str, Any]:
     return {}
 
 
-class _Killer:
-    """On the master's tick: kill each (fraction, role, node id) once training gets there."""
-
-    def __init__(self, steps: list[tuple[float, Any, int]]) -> None:
-        self.steps = sorted(steps, key=lambda s: s[0])
-        self.done: list[str] = []
-
-    def __call__(self, m: Any) -> None:
-        if not self.steps or m.state is None:
-            return
-        q = m.state.shards
-        frac = q.samples_done / max(1, q.samples_total)
-        at, role, node_id = self.steps[0]
-        n = m.nodes.get((role, node_id))
-        if frac >= at and n is not None and n.handle is not None:
-            m.backend.kill(n.handle)
-            self.done.append(f"{role.value}-{node_id}@{frac:.2f}")
-            self.steps.pop(0)
-
-
 def fault_run(rows: int, work: Path, extra: tuple[str, ...]) -> dict[str, Any]:
     """2 workers + 1 PS; worker 0 killed at 20 %, PS 0 at 45 % of the samples."""
     from dlrover_core.runtime.backends.local import LocalBackend
@@ -118,14 +99,14 @@ def fault_run(rows: int, work: Path, extra: tuple[str, ...]) -> dict[str, Any]:
         Stage.COLD_START,
         ("benchmark: 1 PS + 2 workers, faults",),
     )
-    killer = _Killer([(0.2, Role.WORKER, 0), (0.45, Role.PS, 0)])
+    killer = Killer([(0.2, Role.WORKER, 0), (0.45, Role.PS, 0)])
     run_dir = work / f"fault-{time.monotonic_ns()}"
     t0 = time.perf_counter()
     rep = JobMaster(spec, run_dir, LocalBackend(), plan=plan, on_tick=killer, tick_s=0.2).run()
     out: dict[str, Any] = {
         "auc": rep.get("auc") if rep.get("auc") is not None else float("nan"),
         "state": rep.get("state"),
-        "faults": killer.done,
+        "faults": [f"{r.value}-{i}@{f:.2f}" for r, i, f in killer.done],
         "shards_completed_twice": rep.get("shards_completed_twice"),
         "shards_lost": rep.get("shards_lost"),
         "wall_s": time.perf_counter() - t0,
