@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(a.seed)
     jobs = generate_trace(a.jobs, a.seed)
     out: dict[str, dict[str, float]] = {}
-    for strategy in ("ps", "ps_extended"):
+    for strategy in ("ps", "ps_extended", "ps_overlap"):
         m = np.array([job_mape(j.truth, j.batch_size, rng, strategy) for j in jobs])
         out[strategy] = {
             "mape_median": float(np.median(m)),
