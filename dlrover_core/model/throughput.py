@@ -667,7 +667,8 @@ class PSOverlapThroughputModel(PSThroughputModel):
     Three stages, each linear in non-negative coefficients::
 
         S_worker  = a0 + a1·B/λw + a2·B/λw²         (step overhead, compute, lost cores)
-        S_ps      = b1·(w/p)·B/λp + b3·p + b5·w·B/λp (PS service, fan-out, hot shard)
+        S_ps      = b1·(w/p)·B/λp + b3·p + b4·B/λp + b5·w·B/λp
+                    (PS service under load, fan-out, own service time, hot shard)
         S_network = b2·(w/p)·B                      (PS network)
         T_iter    = (S_worker^γ + S_ps^γ + S_network^γ)^(1/γ),  1 <= γ <= max_overlap
         X         = w·B / T_iter
@@ -680,6 +681,8 @@ class PSOverlapThroughputModel(PSThroughputModel):
     * ``a2·B/λw²`` is the first-order term of ``B/(λw − o)``: ``o = a2/a1`` cores of each
       worker go to the framework, input pipeline and communication threads, so small nodes
       are slower per core than ``1/λw`` predicts.
+    * ``b4·B/λp``: a step's own PS service time when no other worker contends (the
+      light-load limit of a queueing PS, as in :class:`PSExtendedThroughputModel`).
     * ``b5·w·B/λp``: the hottest PS serves a share ``(1 − h)/p + h`` of the lookups when a
       fraction ``h`` of the traffic goes to hot IDs that more PS do not spread out (skewed
       CTR features), so adding PS stops helping before ``(w/p)`` says.
@@ -693,16 +696,16 @@ class PSOverlapThroughputModel(PSThroughputModel):
     """
 
     kind: ClassVar[str] = "ps_overlap_throughput"
-    feature_names: ClassVar[tuple[str, ...]] = ("a0", "a1", "a2", "b1", "b2", "b3", "b5")
-    stage_of: ClassVar[tuple[int, ...]] = (0, 0, 0, 1, 2, 1, 1)  # worker, ps, network
-    min_configs: ClassVar[int] = 8  # seven coefficients and γ
+    feature_names: ClassVar[tuple[str, ...]] = ("a0", "a1", "a2", "b1", "b2", "b3", "b4", "b5")
+    stage_of: ClassVar[tuple[int, ...]] = (0, 0, 0, 1, 2, 1, 1, 1)  # worker, ps, network
+    min_configs: ClassVar[int] = 9  # eight coefficients and γ
     overlap_starts: ClassVar[tuple[float, ...]] = (2.0, 5.0)
 
     def __init__(
         self, *, batch_size: int = 512, prior_rel_std: float = 0.25, max_overlap: float = 8.0
     ) -> None:
         super().__init__(batch_size=batch_size, prior_rel_std=prior_rel_std)
-        self.max_overlap = max_overlap
+        self.max_overlap = max_overlap  # 1: no overlap (the stages add up, NNLS only)
 
     # ----------------------------------------------------------------- features
     def _features(
@@ -710,20 +713,20 @@ class PSOverlapThroughputModel(PSThroughputModel):
     ) -> FloatArray:
         wpb = w / p * b
         return np.stack(
-            [np.ones_like(w), b / lw, b / (lw * lw), wpb / lp, wpb, p, w * b / lp], axis=1
+            [np.ones_like(w), b / lw, b / (lw * lw), wpb / lp, wpb, p, b / lp, w * b / lp], axis=1
         )
 
     def _features_scalar(
         self, w: float, p: float, lw: float, lp: float, b: float
     ) -> tuple[float, ...]:
         wpb = w / p * b
-        return (1.0, b / lw, b / (lw * lw), wpb / lp, wpb, float(p), w * b / lp)
+        return (1.0, b / lw, b / (lw * lw), wpb / lp, wpb, float(p), b / lp, w * b / lp)
 
     def _feature_terms(
         self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: float
     ) -> tuple[FloatArray | float, ...]:
         wpb = w / p * b
-        return (1.0, b / lw, b / (lw * lw), wpb / lp, wpb, p, w * b / lp)
+        return (1.0, b / lw, b / (lw * lw), wpb / lp, wpb, p, b / lp, w * b / lp)
 
     # ----------------------------------------------------------------- the combination
     @property
@@ -770,7 +773,7 @@ class PSOverlapThroughputModel(PSThroughputModel):
         samples = list(samples)
         self.gamma_ = 1.0
         super().fit(samples)
-        if self.n_configs_ >= self.min_configs and self.full_rank_:
+        if self.max_overlap > 1.0 and self.n_configs_ >= self.min_configs and self.full_rank_:
             self._refine(samples)
         return self
 
