@@ -687,10 +687,10 @@ class PSOverlapThroughputModel(PSThroughputModel):
       fraction ``h`` of the traffic goes to hot IDs that more PS do not spread out (skewed
       CTR features), so adding PS stops helping before ``(w/p)`` says.
 
-    Fitting: the γ = 1 form is fitted by NNLS as for the other models (and kept when the
-    samples cannot identify more); from :attr:`min_configs` distinct configurations with
-    every column identified, the coefficients and γ are refined by bounded least squares on
-    log(T̂/T) (coefficients >= 0, 1 <= γ <= ``max_overlap``), from two starting exponents;
+    Fitting: the γ = 1 form is fitted by NNLS as for the other models (its identifiable part
+    when some inputs never varied); with at least as many distinct configurations as
+    identified coefficients plus one, those coefficients and γ are refined by bounded least
+    squares on log(T̂/T) (coefficients >= 0, 1 <= γ <= ``max_overlap``), from two starting exponents;
     the refinement is kept only when it lowers the error. The band uses the Jacobian of
     log T̂ at the solution in place of the linear design.
     """
@@ -773,7 +773,8 @@ class PSOverlapThroughputModel(PSThroughputModel):
         samples = list(samples)
         self.gamma_ = 1.0
         super().fit(samples)
-        if self.max_overlap > 1.0 and self.n_configs_ >= self.min_configs and self.full_rank_:
+        # as many distinct configurations as the parameters it refines (identified + γ)
+        if self.max_overlap > 1.0 and self.n_configs_ >= len(self.identified_) + 1:
             self._refine(samples)
         return self
 
@@ -782,12 +783,16 @@ class PSOverlapThroughputModel(PSThroughputModel):
 
         feats, _, t_meas = self._design(samples)
         log_t = np.log(t_meas)
+        # only the identified columns are refined; the others stay folded into them (0)
+        ident = np.array([n in self.identified_ for n in self.feature_names])
+        k_all = feats.shape[1]
         scale = np.linalg.norm(feats / t_meas[:, None], axis=0)
         scale[scale == 0] = 1.0
-        fs = feats / scale  # coef_j = z_j / scale_j: O(1) unknowns for the solver
+        fs = (feats / scale)[:, ident]  # coef_j = z_j / scale_j: O(1) unknowns for the solver
+        scale = scale[ident]
         k = fs.shape[1]
-        onehot = self._onehot
-        cols = list(self.stage_of)
+        onehot = self._onehot[ident]
+        cols = [st for st, keep in zip(self.stage_of, ident, strict=True) if keep]
 
         def parts(x: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
             s_ = np.maximum((fs * x[:k]) @ onehot, _LOG_FLOOR)
@@ -805,7 +810,7 @@ class PSOverlapThroughputModel(PSThroughputModel):
             jg = -np.log(tot) / g**2 + np.sum(sg * np.log(s_), axis=1) / (g * tot)
             return np.asarray(np.column_stack([jz, jg]), dtype=np.float64)
 
-        z_lin = self.coef_array_ * scale
+        z_lin = self.coef_array_[ident] * scale
         base = np.r_[z_lin, 1.0]
         best_x, best_cost = base, float(np.sum(resid(base) ** 2))
         # a coefficient at 0 has no gradient once γ > 1 (0^(γ-1) = 0): start it off the bound
@@ -825,10 +830,12 @@ class PSOverlapThroughputModel(PSThroughputModel):
                 best_x, best_cost = np.asarray(sol.x, dtype=np.float64), cost
         if best_x is base:
             return
-        coef = np.where(best_x[:k] > 1e-12 * max(float(best_x[:k].max()), 1.0), best_x[:k], 0.0)
-        coef = coef / scale
+        z_best = np.where(best_x[:k] > 1e-12 * max(float(best_x[:k].max()), 1.0), best_x[:k], 0.0)
         g = float(best_x[k])
-        r = resid(np.r_[coef * scale, g])
+        r = resid(np.r_[z_best, g])
+        coef = np.zeros(k_all)
+        coef[ident] = z_best / scale
+        k = k_all
         active = coef > 0
         n_active = int(active.sum())
         dof = len(r) - n_active - 1  # γ is a fitted parameter too

@@ -169,13 +169,17 @@ def test_few_configurations_fall_back_to_the_additive_fit() -> None:
 
 
 def test_samples_varying_only_counts_fit_inside_their_span() -> None:
+    # an Optimus-style profile (workers x PS at fixed CPUs): the identifiable part and γ
+    # are fitted; in the span the prediction is the truth's, outside it is refused
     configs: list[Config] = [(w, p, 4.0, 8.0) for w in (1, 2, 4, 8, 16) for p in (1, 2, 4)]
-    model = PSOverlapThroughputModel(batch_size=B).fit(
-        make_samples(configs, overlap_truth(OV_COEF, 3.0))
-    )
-    assert model.gamma_ == 1.0 and not model.full_rank_
+    truth = overlap_truth(OV_COEF, 3.0)
+    model = PSOverlapThroughputModel(batch_size=B).fit(make_samples(configs, truth))
+    assert not model.full_rank_ and set(model.identified_) < set(OV_COEF)
     assert model.fixed_inputs_ == {"worker_cpu": 4.0, "ps_cpu": 8.0}
-    assert model.predict(6, 3, 4.0, 8.0).throughput_sps > 0
+    assert model.gamma_ == pytest.approx(3.0, rel=0.05)
+    assert model.predict(6, 3, 4.0, 8.0).throughput_sps == pytest.approx(
+        truth(6, 3, 4.0, 8.0), rel=0.01
+    )
     with pytest.raises(InputError, match="worker_cpu never varied"):
         model.predict(6, 3, 2.0, 8.0)
 
