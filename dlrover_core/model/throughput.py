@@ -661,6 +661,14 @@ class PSExtendedThroughputModel(PSThroughputModel):
 _LOG_FLOOR = 1e-300  # stage time floor inside logs and powers (a stage with no cost)
 
 
+def _aicc(rss: float, k: int, n: int) -> float:
+    """Corrected Akaike criterion of a least-squares fit (lower is better); inf when the
+    fit has no residual degrees of freedom."""
+    if n - k - 1 <= 0:
+        return math.inf
+    return n * math.log(max(rss, 1e-300) / n) + 2 * k + 2 * k * (k + 1) / (n - k - 1)
+
+
 class PSOverlapThroughputModel(PSThroughputModel):
     """The PS form with the stages a worker's step waits on combined with overlap.
 
@@ -691,7 +699,9 @@ class PSOverlapThroughputModel(PSThroughputModel):
     when some inputs never varied); with at least as many distinct configurations as
     identified coefficients plus one, those coefficients and γ are refined by bounded least
     squares on log(T̂/T) (coefficients >= 0, 1 <= γ <= ``max_overlap``), from two starting exponents;
-    the refinement is kept only when it lowers the error. The band uses the Jacobian of
+    the refinement is kept only when it lowers the small-sample Akaike criterion (AICc):
+    a lower error that does not pay for the extra parameter is not kept (a γ fitted
+    exactly from a handful of points extrapolates badly). The band uses the Jacobian of
     log T̂ at the solution in place of the linear design.
     """
 
@@ -829,6 +839,14 @@ class PSOverlapThroughputModel(PSThroughputModel):
             if np.all(np.isfinite(sol.x)) and cost < best_cost:
                 best_x, best_cost = np.asarray(sol.x, dtype=np.float64), cost
         if best_x is base:
+            return
+        # keep the refinement only when it pays for its extra parameter (AICc, small-sample
+        # Akaike criterion on the log residuals): few points fit exactly by a free γ are
+        # no evidence of overlap, and such a γ extrapolates badly
+        n = len(log_t)
+        k_lin = int(np.count_nonzero(z_lin > 0))
+        k_ref = int(np.count_nonzero(best_x[:k] > 0)) + 1
+        if _aicc(best_cost, k_ref, n) >= _aicc(float(np.sum(resid(base) ** 2)), k_lin, n):
             return
         z_best = np.where(best_x[:k] > 1e-12 * max(float(best_x[:k].max()), 1.0), best_x[:k], 0.0)
         g = float(best_x[k])
