@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -661,6 +661,58 @@ class PSExtendedThroughputModel(PSThroughputModel):
 _LOG_FLOOR = 1e-300  # stage time floor inside logs and powers (a stage with no cost)
 
 
+def _bounded_lm(
+    resid: Callable[[FloatArray], FloatArray],
+    jac: Callable[[FloatArray], FloatArray],
+    x0: FloatArray,
+    lo: FloatArray,
+    hi: FloatArray,
+    max_iter: int = 100,
+) -> tuple[FloatArray, float]:
+    """Levenberg–Marquardt on a box: minimises Σ resid(x)² with lo <= x <= hi.
+
+    Each step solves the damped normal equations on the free variables (a variable at a
+    bound whose gradient points out of the box is held there), projects onto the box and
+    is kept only when it lowers the cost; the damping falls after a kept step and rises
+    after a refused one. Small problems (≤ 10 unknowns) take ~50 µs a step, a fraction of
+    scipy's trust-region reflective solver's overhead."""
+    x = np.clip(np.asarray(x0, dtype=np.float64), lo, hi)
+    r = resid(x)
+    cost = float(r @ r)
+    lam = 1e-3
+    for _ in range(max_iter):
+        jm = jac(x)
+        grad = jm.T @ r
+        free = ~(((x <= lo) & (grad > 0)) | ((x >= hi) & (grad < 0)))
+        if not free.any():
+            break
+        jf = jm[:, free]
+        h = jf.T @ jf
+        improved = False
+        while lam < 1e12:
+            a = h + lam * np.diag(np.maximum(np.diag(h), 1e-12))
+            try:
+                step = np.linalg.solve(a, -grad[free])
+            except np.linalg.LinAlgError:
+                lam *= 10.0
+                continue
+            x_new = x.copy()
+            x_new[free] += step
+            x_new = np.clip(x_new, lo, hi)
+            r_new = resid(x_new)
+            c_new = float(r_new @ r_new)
+            if np.isfinite(c_new) and c_new < cost:
+                gain = cost - c_new
+                x, r, cost = x_new, r_new, c_new
+                lam = max(lam / 3.0, 1e-9)
+                improved = gain > 1e-12 * max(cost, 1e-30)
+                break
+            lam *= 4.0
+        if not improved:
+            break
+    return x, cost
+
+
 def _aicc(rss: float, k: int, n: int) -> float:
     """Corrected Akaike criterion of a least-squares fit (lower is better); inf when the
     fit has no residual degrees of freedom."""
@@ -789,8 +841,6 @@ class PSOverlapThroughputModel(PSThroughputModel):
         return self
 
     def _refine(self, samples: Sequence[Sample]) -> None:
-        from scipy.optimize import least_squares
-
         feats, _, t_meas = self._design(samples)
         log_t = np.log(t_meas)
         # only the identified columns are refined; the others stay folded into them (0)
@@ -831,13 +881,9 @@ class PSOverlapThroughputModel(PSThroughputModel):
             x0 = np.r_[z0, min(g0, self.max_overlap)]
             x0[:k] *= math.exp(-float(np.mean(resid(x0))))  # T̂ is 1-homogeneous in coef
             x0 = np.clip(x0, lo, hi)
-            try:
-                sol = least_squares(resid, x0, jac=jac, bounds=(lo, hi), method="trf")
-            except (ValueError, np.linalg.LinAlgError):
-                continue
-            cost = float(np.sum(sol.fun**2))
-            if np.all(np.isfinite(sol.x)) and cost < best_cost:
-                best_x, best_cost = np.asarray(sol.x, dtype=np.float64), cost
+            x, cost = _bounded_lm(resid, jac, x0, lo, hi)
+            if np.all(np.isfinite(x)) and cost < best_cost:
+                best_x, best_cost = x, cost
         if best_x is base:
             return
         # keep the refinement only when it pays for its extra parameter (AICc, small-sample
