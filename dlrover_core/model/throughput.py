@@ -942,6 +942,24 @@ class PSOverlapThroughputModel(PSThroughputModel):
         x, lo, up = self.predict_bounds_many([[workers, ps, worker_cpu_cores, ps_cpu_cores, bsz]])
         return ThroughputPrediction(float(x[0]), float(lo[0]), float(up[0]))
 
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["params"]["max_overlap"] = self.max_overlap
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Self:
+        model = super().from_dict(d)
+        if d.get("fitted") is None:
+            try:
+                model.max_overlap = float(d.get("params", {}).get("max_overlap", 8.0))
+            except (TypeError, ValueError) as exc:
+                raise InputError(
+                    f"malformed {cls.kind} model document (params.max_overlap: {exc}); "
+                    "refit it with `dlrover-rm model fit`"
+                ) from exc
+        return model
+
     def _fitted_extra(self) -> dict[str, Any]:
         return {"gamma": self.gamma_, "max_overlap": self.max_overlap}
 

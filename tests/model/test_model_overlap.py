@@ -200,6 +200,8 @@ def test_round_trip_keeps_gamma_and_predictions() -> None:
     doc["fitted"]["gamma"] = 0.5
     with pytest.raises(InputError, match="malformed"):
         model_from_dict(doc)
+    unfitted = model_from_dict(PSOverlapThroughputModel(max_overlap=1.0).to_dict())
+    assert isinstance(unfitted, PSOverlapThroughputModel) and unfitted.max_overlap == 1.0
 
 
 def test_grid_of_realistic_sizes_is_in_range() -> None:
