@@ -24,6 +24,7 @@ from dlrover_core.model.samples_io import (
 from dlrover_core.model.throughput import (
     AllReduceThroughputModel,
     PSExtendedThroughputModel,
+    PSOverlapThroughputModel,
     PSThroughputModel,
     ThroughputModel,
     ThroughputPrediction,
@@ -41,6 +42,7 @@ __all__ = [
     "OOMPrediction",
     "PSExtendedThroughputModel",
     "PSMemoryModel",
+    "PSOverlapThroughputModel",
     "PSThroughputModel",
     "ThroughputModel",
     "ThroughputPrediction",
