@@ -531,3 +531,25 @@ def profile(
     if out is not None:
         write_samples_csv(out, samples)
     return {"csv": samples_to_csv(samples), "trials": trials, "out": str(out) if out else None}
+
+
+def profile_size(
+    spec: SpecLike, *, overrides: Iterable[str] = (), n_configs: int = 6
+) -> dict[str, Any]:
+    """The container the profile step needs to run every trial at its planned size (the
+    largest trial plus the master; request = limit). Pure: plans the trials, runs nothing.
+    Returns {"cpu": "2500m", "memory": "3Gi", "cpu_millicores", "memory_mib", "trials"}."""
+    from dlrover_core.runtime.profiler import profile_configs, trial_spec
+    from dlrover_core.runtime.profiler import profile_size as size_of
+    from dlrover_core.units import format_cpu, format_memory
+
+    js = resolve_spec(spec, overrides)
+    plans = profile_configs(trial_spec(js), n_configs)
+    r = size_of(plans)
+    return {
+        "cpu": format_cpu(r.cpu_millicores),
+        "memory": format_memory(r.memory_mib),
+        "cpu_millicores": r.cpu_millicores,
+        "memory_mib": r.memory_mib,
+        "trials": len(plans),
+    }

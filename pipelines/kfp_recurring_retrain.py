@@ -34,7 +34,10 @@ from dlrover_core.api import SUBMITTER_RESOURCES  # noqa: E402
 from dlrover_core.units import format_cpu, format_memory  # noqa: E402
 from dlrover_rm.components import BASE_IMAGE  # noqa: E402
 from dlrover_rm.components.plan.component import dlrover_plan  # noqa: E402
-from dlrover_rm.components.profile.component import dlrover_profile  # noqa: E402
+from dlrover_rm.components.profile.component import (  # noqa: E402
+    dlrover_profile,
+    dlrover_profile_size,
+)
 from dlrover_rm.components.train.component import dlrover_train  # noqa: E402
 
 # The example spec as one line of JSON (JSON is YAML): the KFP compiler copies parameter
@@ -58,6 +61,18 @@ LOCAL_OVERRIDES = ["data.rows=20000", "data.eval_rows=2000"]
 LOCAL_N_CONFIGS = 2
 
 
+def _sized_profile(spec_yaml: str, overrides: list, n_configs: int):  # type: ignore[no-untyped-def]
+    """The profile task, sized to its largest trial plus the master (request = limit): its
+    trials run in its pod, and a trial on arbitrary CPU would measure arbitrary speeds."""
+    size_task = dlrover_profile_size(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    size_task.set_caching_options(False)
+    profile_task = dlrover_profile(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    cpu, memory = size_task.outputs["cpu"], size_task.outputs["memory"]
+    profile_task.set_cpu_request(cpu).set_cpu_limit(cpu)
+    profile_task.set_memory_request(memory).set_memory_limit(memory)
+    return profile_task
+
+
 @dsl.pipeline(
     name="dlrm-recurring-retrain",
     description="Profile, plan and train a DLRM job; the train step is sized by the plan.",
@@ -68,7 +83,7 @@ def recurring_retrain(
     n_configs: int = 6,
     history: str = "",
 ):
-    profile_task = dlrover_profile(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    profile_task = _sized_profile(spec_yaml, overrides, n_configs)
     plan_task = dlrover_plan(
         spec_yaml=spec_yaml,
         samples=profile_task.outputs["samples"],
@@ -106,7 +121,7 @@ def recurring_retrain_k8s(
 ):
     from kfp import kubernetes
 
-    profile_task = dlrover_profile(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    profile_task = _sized_profile(spec_yaml, overrides, n_configs)
     plan_task = dlrover_plan(
         spec_yaml=spec_yaml, samples=profile_task.outputs["samples"], overrides=overrides
     )

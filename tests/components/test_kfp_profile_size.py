@@ -1,0 +1,110 @@
+"""The profile step sized to its trials: ``dlrover_profile_size`` gives the largest trial plus
+the master, the compiled pipelines size the profile task with it (request = limit), and the
+profiler runs only the trials that fit its container's cgroup limits (the rest are recorded
+with the reason)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("kfp")
+
+from dlrover_core import api
+from dlrover_core.errors import InputError
+from dlrover_core.runtime.cgroup import MASTER_SHARE, CgroupLimits
+from dlrover_core.runtime.profiler import (
+    fit_trials,
+    profile,
+    profile_configs,
+    profile_size,
+    trial_spec,
+)
+from dlrover_core.spec import load_spec
+from dlrover_core.types import NodeResources
+from dlrover_rm.components.profile.component import dlrover_profile_size
+from pipelines import kfp_recurring_retrain as pipeline
+
+SPEC_PATH = Path(__file__).resolve().parents[2] / "pipelines" / "specs" / "small.yaml"
+SPEC_YAML = SPEC_PATH.read_text()
+TINY = ["data.rows=20000"]
+
+
+def _plans(n: int = 3) -> list:
+    return profile_configs(trial_spec(load_spec(yaml.safe_load(SPEC_YAML), TINY)), n)
+
+
+def test_the_size_is_the_largest_trial_plus_the_master() -> None:
+    plans = _plans(3)
+    # each trial: workers x size + PS x size (small.yaml's sampling moves), by hand
+    totals = [
+        (
+            p.workers.count * p.workers.resources.cpu_millicores
+            + p.ps.count * p.ps.resources.cpu_millicores,
+            p.workers.count * p.workers.resources.memory_mib
+            + p.ps.count * p.ps.resources.memory_mib,
+        )
+        for p in plans
+    ]
+    cpu = max(c for c, _ in totals) + MASTER_SHARE.cpu_millicores
+    mem = max(m for _, m in totals) + MASTER_SHARE.memory_mib
+    assert profile_size(plans) == NodeResources(cpu, mem)
+    assert len({t for t in totals}) == 3  # three distinct trials: the max is a real choice
+    size = api.profile_size(SPEC_YAML and yaml.safe_load(SPEC_YAML), overrides=TINY, n_configs=3)
+    assert (size["cpu_millicores"], size["memory_mib"], size["trials"]) == (cpu, mem, 3)
+    out = dlrover_profile_size.python_func(spec_yaml=SPEC_YAML, overrides=TINY, n_configs=3)
+    assert (out.cpu, out.memory) == (size["cpu"], size["memory"])
+    with pytest.raises(InputError, match="nothing to size"):
+        profile_size([])
+
+
+@pytest.mark.parametrize(
+    ("cpu", "mem", "runs", "skipped_for"),
+    [
+        (None, None, [0, 1, 2], []),
+        (2000, None, [0, 1, 2], []),  # the largest trial + master is exactly 2 CPU
+        (1999, None, [0], ["CPU", "CPU"]),
+        (None, 3480, [0, 1], ["memory"]),
+        (1500, 3480, [0], ["CPU", "CPU and memory"]),
+        (1000, None, [], ["CPU", "CPU", "CPU"]),
+    ],
+)
+def test_trials_above_the_container_are_not_run(
+    cpu: int | None, mem: int | None, runs: list[int], skipped_for: list[str]
+) -> None:
+    plans = _plans(3)
+    run, why = fit_trials(plans, CgroupLimits(cpu, mem, "test"))
+    assert run == runs
+    reasons = [w for w in why if w is not None]
+    assert len(reasons) == len(skipped_for)
+    for w, what in zip(reasons, skipped_for, strict=True):
+        assert f"above this container's {what} limit" in w and w.startswith("not run: needs ")
+
+
+def test_a_container_no_trial_fits_is_one_line() -> None:
+    js = load_spec(yaml.safe_load(SPEC_YAML), TINY)
+    with pytest.raises(InputError) as e:
+        profile(js, n_configs=3, limits=CgroupLimits(800, 1024, "/sys/fs/cgroup/cpu.max"))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("no profiling trial fits this container (800m CPU, 1Gi")
+    assert "give the profile step at least 2 CPU / 4708Mi (request = limit)" in msg
+
+
+@pytest.mark.parametrize("kubernetes", [False, True], ids=["local", "k8s"])
+def test_the_compiled_profile_task_is_sized_by_the_size_step(kubernetes: bool) -> None:
+    path = pipeline.COMPILED_K8S if kubernetes else pipeline.COMPILED
+    doc = next(yaml.safe_load_all(path.read_text()))
+    res = doc["deploymentSpec"]["executors"]["exec-dlrover-profile"]["container"]["resources"]
+    cpu = "{{$.inputs.parameters['pipelinechannel--dlrover-profile-size-cpu']}}"
+    mem = "{{$.inputs.parameters['pipelinechannel--dlrover-profile-size-memory']}}"
+    assert (res["resourceCpuRequest"], res["resourceCpuLimit"]) == (cpu, cpu)
+    assert (res["resourceMemoryRequest"], res["resourceMemoryLimit"]) == (mem, mem)
+    tasks = doc["root"]["dag"]["tasks"]
+    size_in = tasks["dlrover-profile-size"]["inputs"]["parameters"]
+    prof_in = tasks["dlrover-profile"]["inputs"]["parameters"]
+    # the size step plans the same trials the profile step runs
+    for k in ("spec_yaml", "overrides", "n_configs"):
+        assert size_in[k] == prof_in[k], k
