@@ -162,3 +162,26 @@ def test_job_state_url_of(monkeypatch: pytest.MonkeyPatch) -> None:
     del spec["backend"]
     assert state_url_of(parse_spec(spec), Path("/x")) is None
     assert os.environ.get(su.ENV_STATE_MOUNT) == "/scratch"
+
+
+def test_a_model_that_cannot_reach_the_url_is_reported_not_lost(tmp_path: Path) -> None:
+    from dlrover_core.runtime.job import _publish
+
+    rd = tmp_path / "rd"
+    (rd / "model").mkdir(parents=True)
+    (rd / "model" / "model.pt").write_bytes(b"m")
+    (rd / "report.json").write_text('{"state": "succeeded"}')
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a URL under a regular file cannot be written
+    url = f"file://{blocker}/runs/j"
+    report = {"state": "succeeded", "model_url": f"{url}/model"}
+    _publish(rd, report, url, rd / "model")
+    assert report["model_url"] is None
+    assert report["export_error"].startswith(f"the model and report could not be written to {url}")
+    import json
+
+    assert json.loads((rd / "report.json").read_text())["model_url"] is None
+    ok = {"state": "succeeded", "model_url": f"file://{tmp_path}/s/model"}
+    _publish(rd, ok, f"file://{tmp_path}/s", rd / "model")
+    assert (tmp_path / "s" / "model" / "model.pt").read_bytes() == b"m"
+    assert (tmp_path / "s" / "report.json").is_file() and "export_error" not in ok
