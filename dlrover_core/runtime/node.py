@@ -62,6 +62,7 @@ def _with_state_url(role: str, rest: list[str], url: str) -> int:
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--restore-from", default="")
+    p.add_argument("--checkpoint-every-s", type=float, default=30.0)
     a, _ = p.parse_known_args(rest)
     mount = os.environ.get(su.ENV_STATE_MOUNT, su.DEFAULT_MOUNT)
 
@@ -93,18 +94,63 @@ def _with_state_url(role: str, rest: list[str], url: str) -> int:
                 su.pull_tree(r, d)
     except (DLRoverError, OSError) as e:
         return fail(f"cannot read the job's state at {url}: {e}")
-    rc = _run(role, rest)
     if role != "ps":
-        return rc
+        return _run(role, rest)
     r = remote(own)
     if r is None:
-        return fail(f"{own} is not under {mount}: its checkpoints stay in this pod") or rc
+        return fail(f"{own} is not under {mount}: its checkpoints stay in this pod")
+    pusher = _Pusher(own, r, a.checkpoint_every_s)
+    pusher.start()
     try:
-        n = su.push_tree(own, r)
+        rc = _run(role, rest)
+    finally:
+        pusher.stop()
+    try:
+        n = su.push_tree(own, r, mirror=True)
     except (DLRoverError, OSError) as e:
         return fail(f"cannot write the checkpoints to {r}: {e}")
     print(f"ps: {n} checkpoint file(s) written to {r}", file=sys.stderr)
     return rc
+
+
+class _Pusher:
+    """Pushes a PS's checkpoint directory to the state URL every ``every_s`` while it runs,
+    so a PS that dies without its final checkpoint (OOM-killed) is relaunched from the last
+    periodic one, not from nothing. A failed push is retried on the next round."""
+
+    def __init__(self, local: str, url: str, every_s: float) -> None:
+        import threading
+
+        self.local, self.url, self.every_s = local, url, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="state-url-push", daemon=True)
+        self.pushes = 0
+        self.errors: list[str] = []
+
+    def start(self) -> None:
+        if self.every_s > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        from dlrover_core.errors import DLRoverError
+        from dlrover_core.runtime import state_url as su
+
+        while not self._stop.wait(self.every_s):
+            try:
+                su.push_tree(self.local, self.url, mirror=True)
+                self.pushes += 1
+            except (DLRoverError, OSError) as e:  # a checkpoint pruned mid-copy, an outage
+                if not self.errors:
+                    print(
+                        f"ps: pushing checkpoints to {self.url} failed ({e}); retrying",
+                        file=sys.stderr,
+                    )
+                self.errors.append(str(e))
 
 
 if __name__ == "__main__":

@@ -74,17 +74,28 @@ def _durable(p: Path) -> bool:
     return p.is_file() and not p.name.startswith(".")
 
 
-def push_tree(local: str | os.PathLike[str], url: str) -> int:
+def push_tree(local: str | os.PathLike[str], url: str, *, mirror: bool = False) -> int:
     """Copy every durable file under ``local`` to ``url`` (same relative paths); manifests
     (``.json``) after the data they describe, so a reader never sees one without its data.
-    Returns how many files were copied (0 when ``local`` does not exist)."""
+    With ``mirror``, files at ``url`` that ``local`` no longer has (pruned checkpoints) are
+    removed after the copy, manifests first. Returns how many files were copied (0 when
+    ``local`` does not exist)."""
     root = Path(local)
     if not root.is_dir():
         return 0
     files = sorted(
         (p for p in root.rglob("*") if _durable(p)), key=lambda p: (p.suffix == ".json", str(p))
     )
-    return push_files(root, (p.relative_to(root).as_posix() for p in files), url)
+    names = [p.relative_to(root).as_posix() for p in files]
+    n = push_files(root, names, url)
+    if mirror and names:
+        fs, base = _fs(url)
+        base = base.rstrip("/")
+        keep = {join(base, k) for k in names}
+        stale = [f for f in fs.find(base) if f.rstrip("/") != base and f not in keep]
+        for f in sorted(stale, key=lambda f: (not f.endswith(".json"), f)):
+            fs.rm_file(f)
+    return n
 
 
 def push_files(root: str | os.PathLike[str], names: Iterable[str], url: str) -> int:

@@ -185,3 +185,58 @@ def test_a_model_that_cannot_reach_the_url_is_reported_not_lost(tmp_path: Path) 
     _publish(rd, ok, f"file://{tmp_path}/s", rd / "model")
     assert (tmp_path / "s" / "model" / "model.pt").read_bytes() == b"m"
     assert (tmp_path / "s" / "report.json").is_file() and "export_error" not in ok
+
+
+def test_a_ps_node_pulls_its_state_runs_pushes_periodically_and_at_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dlrover-rm node ps`` with a state URL and no volume: the token from the Secret's env,
+    spec.json and its own earlier checkpoint from the URL before the PS starts; its directory
+    pushed while it runs (every --checkpoint-every-s) and mirrored at exit (pruned ones go)."""
+    import time
+
+    from dlrover_core.runtime import node
+
+    mount, store = tmp_path / "scratch", tmp_path / "store"
+    remote_rd = store / "runs" / "j"
+    (remote_rd / "ps" / "gen-1" / "ps-0").mkdir(parents=True)
+    (remote_rd / "spec.json").write_text('{"name": "j"}')
+    (remote_rd / "ps" / "gen-1" / "ps-0" / "ckpt-00000001.npz").write_bytes(b"old")
+    (remote_rd / "ps" / "gen-1" / "ps-0" / "ckpt-00000001.json").write_text("{}")
+    monkeypatch.setenv(su.ENV_STATE_URL, f"file://{store}")
+    monkeypatch.setenv(su.ENV_STATE_MOUNT, str(mount))
+    monkeypatch.setenv(su.ENV_TOKEN, "t" * 64)
+    monkeypatch.delenv(su.ENV_STATE_DIR, raising=False)
+    rd = mount / "runs" / "j"
+    own = rd / "ps" / "gen-1" / "ps-0"
+    seen: dict[str, object] = {}
+
+    def fake_ps(role: str, rest: list[str]) -> int:
+        seen["token"] = (rd / "token").read_text()
+        seen["spec"] = (rd / "spec.json").read_text()
+        seen["restored"] = (own / "ckpt-00000001.npz").read_bytes()
+        (own / "ckpt-00000002.npz").write_bytes(b"new")
+        (own / "ckpt-00000002.json").write_text("{}")
+        remote = remote_rd / "ps" / "gen-1" / "ps-0" / "ckpt-00000002.json"
+        deadline = time.monotonic() + 20
+        while not remote.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["pushed_while_running"] = remote.exists()
+        for f in own.glob("ckpt-00000001.*"):  # pruned (checkpoint.KEEP)
+            f.unlink()
+        return 0
+
+    monkeypatch.setattr(node, "_run", fake_ps)
+    argv = ["ps", "--run-dir", str(rd), "--index", "0", "--num-ps", "1"]
+    argv += ["--ckpt-dir", str(own), "--checkpoint-every-s", "0.2"]
+    assert node.main(argv) == 0
+    assert seen == {
+        "token": "t" * 64,
+        "spec": '{"name": "j"}',
+        "restored": b"old",
+        "pushed_while_running": True,
+    }
+    left = sorted(p.name for p in (remote_rd / "ps" / "gen-1" / "ps-0").iterdir())
+    assert left == ["ckpt-00000002.json", "ckpt-00000002.npz"]
+    # a run directory outside the scratch mount cannot be found: one line, exit 1
+    assert node.main(["worker", "--run-dir", "/elsewhere/runs/j"]) == 1
