@@ -128,3 +128,51 @@ def test_train_task_with_a_state_url_gets_the_model_and_stages_the_dataset(
     ]
     assert not list((root / "pods" / master / "state").glob(f"runs/{job}/ps/gen-*/ps-*/.lock"))
     assert live == [] and procs == {}, (live, procs)
+
+
+@pytest.mark.slow
+def test_train_task_stages_the_dataset_on_the_claim_it_mounts(tmp_path: Path) -> None:
+    """With the state claim mounted in the task (as the k8s pipeline does), the dataset is
+    staged on it and every pod reads it there. Here the claim's mount path is the stand-in
+    kubelet's folder for that claim, so the task and the pods see one path, as on a cluster."""
+    claim = tmp_path / "k8s" / "node" / "pvc" / "dlrover-rm-state"
+    claim.mkdir(parents=True)  # the task's mount of the claim
+    over = [
+        "backend.kind=kubernetes",
+        f"backend.namespace={NAMESPACE}",
+        "backend.image=registry.example/dlrover-rm:test",
+        f"backend.state_mount_path={claim}",
+        *SLACK,
+        "data.eval_rows=1000",
+    ]
+    _parquet(tmp_path / "train.parquet", 9000)
+    with cluster(tmp_path / "k8s") as c:
+        assert c.kubelet is not None and c.kubelet.root == tmp_path / "k8s" / "node"
+        plan = _art(Artifact, tmp_path, "plan.json")
+        dlrover_plan.python_func(
+            spec_yaml=SPEC_YAML,
+            plan=plan,
+            reasons=_art(Markdown, tmp_path, "reasons.md"),
+            overrides=over,
+        )
+        run, model = _art(Artifact, tmp_path, "run"), _art(Model, tmp_path, "model")
+        out = dlrover_train.python_func(
+            spec_yaml=SPEC_YAML, plan=plan, metrics=_art(Metrics, tmp_path, "metrics"),
+            run=run, model=model, summary=_art(Markdown, tmp_path, "summary"),
+            dashboard=_art(HTML, tmp_path, "dash"), overrides=over,
+            dataset=_Downloaded(tmp_path / "train.parquet"), state_pvc="dlrover-rm-state",
+            run_id="run-2", poll_interval=0.5,
+        )  # fmt: skip
+        live = c.live_pods()
+    assert out == "succeeded"
+    report = json.loads((Path(run.path) / "report.json").read_text())
+    job = report["job"]
+    staged = claim / "datasets" / job / "train.parquet"
+    assert staged.is_file()
+    spec = yaml.safe_load((claim / "runs" / job / "spec.json").read_text())
+    assert spec["data"]["path"] == str(staged)
+    assert report["data"]["records"] == 8000 and report["samples_done"] == 8000
+    assert "run_url" not in report  # the claim holds the run: nothing went to a URL
+    card = json.loads((Path(model.path) / "model_card.json").read_text())
+    assert abs(card["held_out"]["auc"] - report["auc"]) < 0.005
+    assert live == []
