@@ -108,3 +108,24 @@ def test_the_compiled_profile_task_is_sized_by_the_size_step(kubernetes: bool) -
     # the size step plans the same trials the profile step runs
     for k in ("spec_yaml", "overrides", "n_configs"):
         assert size_in[k] == prof_in[k], k
+
+
+def test_the_cli_reads_the_cgroup_and_says_no_trial_fits(tmp_path: Path) -> None:
+    """End to end through the cgroup files: ``cpu.max`` 800m (v2), no memory limit."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "cpu.max").write_text("80000 100000\n")
+    (tmp_path / "memory.max").write_text("max\n")
+    env = {**os.environ, "DLROVER_RM_CGROUP_ROOT": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-m", "dlrover_core.cli", "profile", "--spec", str(SPEC_PATH),
+         "--configs", "3", "--set", "data.rows=20000"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "no profiling trial fits this container (800m CPU, no memory limit" in lines[0]
+    assert str(tmp_path / "cpu.max") in lines[0]
