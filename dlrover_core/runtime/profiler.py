@@ -3,6 +3,7 @@ each measured in steady windows, written as samples (the model's input)."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ from dlrover_core.planner.scaling import plan_key, sampling_candidates
 from dlrover_core.runtime.cgroup import MASTER_SHARE, CgroupLimits, describe
 from dlrover_core.spec import JobSpec, load_spec, spec_to_dict
 from dlrover_core.types import NodeResources, ResourcePlan, Sample, Stage
+
+log = logging.getLogger("dlrover_rm.profile")
 
 TRIAL_ROWS = 5_000_000
 TRIAL_OVERRIDES = ("pacing.sample_window_s=1.0", "pacing.heartbeat_interval_s=0.5")
@@ -151,6 +154,12 @@ def profile(
 
         limits = read_limits(Path(os.environ.get("DLROVER_RM_CGROUP_ROOT", CGROUP_ROOT)))
     run, why = fit_trials(plans, limits)
+    if plans and limits.cpu_millicores is None:
+        log.warning(
+            "profiling in a container with no CPU limit: each trial's speed is measured on "
+            "whatever CPU the host has free; give the step %s (request = limit)",
+            profile_size(plans),
+        )
     if plans and not run:
         smallest = min(
             (trial_needs(p) for p in plans), key=lambda r: (r.cpu_millicores, r.memory_mib)

@@ -129,3 +129,29 @@ def test_the_cli_reads_the_cgroup_and_says_no_trial_fits(tmp_path: Path) -> None
     assert len(lines) == 1, r.stderr
     assert "no profiling trial fits this container (800m CPU, no memory limit" in lines[0]
     assert str(tmp_path / "cpu.max") in lines[0]
+
+
+def test_profile_runs_only_the_trials_that_fit_and_records_the_rest(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dlrover_core.runtime import profiler
+
+    ran: list[int] = []
+
+    def fake_trial(spec, plan, run_dir, windows):  # type: ignore[no-untyped-def]
+        ran.append(int(run_dir.name.removeprefix("trial-")))
+        return None  # no steady window: the notes still record the trial
+
+    monkeypatch.setattr(profiler, "run_trial", fake_trial)
+    js = load_spec(yaml.safe_load(SPEC_YAML), TINY)
+    samples, notes = profile(js, n_configs=3, limits=CgroupLimits(1999, None, "t"))
+    assert ran == [0] and samples == []
+    assert [n["skipped"] is None for n in notes] == [True, False, False]
+    assert [n["needs_cpu_millicores"] for n in notes] == [1500, 2000, 2000]
+    assert all(n["container"] == "1999m CPU, no memory limit" for n in notes)
+    ran.clear()
+    with caplog.at_level("WARNING", logger="dlrover_rm.profile"):
+        profile(js, n_configs=3, limits=CgroupLimits(None, None, "t"))
+    assert ran == [0, 1, 2]
+    assert "no CPU limit: each trial's speed is measured on whatever CPU" in caplog.text
+    assert "give the step 2 CPU / 4708Mi (request = limit)" in caplog.text
