@@ -29,6 +29,13 @@ def trial_spec(spec: JobSpec) -> JobSpec:
     if spec.data.source == "synthetic":
         # a trial stops once measured: give it enough rows never to run out first
         trial.append(f"data.rows={max(spec.data.rows, TRIAL_ROWS)}")
+    else:  # a file: enough epochs over it (the trial stops once measured)
+        from dlrover_core.spec import LIMITS
+        from dlrover_core.training.data import from_spec
+
+        rows = max(1, from_spec(spec).num_rows)
+        epochs = max(spec.training.epochs or 1, -(-TRIAL_ROWS // rows))
+        trial.append(f"training.epochs={min(epochs, LIMITS['epochs'])}")
     return load_spec(spec_to_dict(spec), trial)
 
 

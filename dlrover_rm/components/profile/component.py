@@ -3,7 +3,7 @@
 from typing import NamedTuple
 
 from kfp import dsl
-from kfp.dsl import Dataset, Output
+from kfp.dsl import Dataset, Input, Output
 
 from dlrover_rm.components import BASE_IMAGE
 
@@ -14,6 +14,7 @@ def dlrover_profile(
     samples: Output[Dataset],
     overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
     n_configs: int = 6,
+    dataset: Input[Dataset] = None,
 ) -> int:
     """Run short real trials at the planner's sampling configurations.
 
@@ -22,6 +23,8 @@ def dlrover_profile(
         samples: Output. The samples CSV (one row per steady window), the plan step's input.
         overrides: `path.to.field=value` overrides applied to the spec (as `--set`).
         n_configs: How many configurations to try (about 10 s each).
+        dataset: Optional training data (Criteo TSV or Parquet) from an upstream step: the
+            trials read it (they run in this pod) instead of the spec's data.
 
     Every trial runs in this task's container: size it with ``dlrover_profile_size`` (request =
     limit). A trial above the container's cgroup limits is not run (it would be measured
@@ -37,9 +40,14 @@ def dlrover_profile(
     from dlrover_core import api
 
     log = logging.getLogger("dlrover_rm.kfp")
-    result = api.profile(
-        yaml.safe_load(spec_yaml), overrides=overrides, out=samples.path, n_configs=n_configs
-    )
+    spec = yaml.safe_load(spec_yaml)
+    if dataset is not None:
+        from dlrover_core.spec import use_data_file
+        from dlrover_core.training.data import source_for_path
+
+        fmt = str((dataset.metadata or {}).get("format") or source_for_path(dataset.path))
+        spec = use_data_file(spec, fmt, dataset.path)
+    result = api.profile(spec, overrides=overrides, out=samples.path, n_configs=n_configs)
     for t in result["trials"]:
         log.info(
             "trial %dw x %.2g CPU, %dps x %.2g CPU (needs %dm, %d MiB in %s): %s",
