@@ -155,3 +155,25 @@ def test_profile_runs_only_the_trials_that_fit_and_records_the_rest(
     assert ran == [0, 1, 2]
     assert "no CPU limit: each trial's speed is measured on whatever CPU" in caplog.text
     assert "give the step 2 CPU / 4708Mi (request = limit)" in caplog.text
+
+
+@pytest.mark.parametrize(("rows", "epochs"), [(1000, 5000), (100, 10_000), (400_000, 13)])
+def test_a_file_trial_gets_enough_epochs_not_to_run_out(
+    tmp_path: Path, rows: int, epochs: int
+) -> None:
+    """A trial stops once measured; over a file it cycles epochs up to TRIAL_ROWS (5M rows),
+    within the spec's epoch limit (10k)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dlrover_core.spec import use_data_file
+
+    n = rows + 10  # 10 held out
+    cols = {"label": np.zeros(n, np.int64)}
+    cols |= {f"I{i + 1}": np.zeros(n, np.int64) for i in range(13)}
+    cols |= {f"C{i + 1}": np.zeros(n, np.int64) for i in range(8)}
+    pq.write_table(pa.table(cols), tmp_path / "d.parquet")
+    spec = use_data_file(yaml.safe_load(SPEC_YAML), "parquet", str(tmp_path / "d.parquet"))
+    js = load_spec(spec, ["data.eval_rows=10"])
+    assert trial_spec(js).training.epochs == epochs
