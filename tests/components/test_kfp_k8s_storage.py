@@ -176,3 +176,68 @@ def test_train_task_stages_the_dataset_on_the_claim_it_mounts(tmp_path: Path) ->
     card = json.loads((Path(model.path) / "model_card.json").read_text())
     assert abs(card["held_out"]["auc"] - report["auc"]) < 0.005
     assert live == []
+
+
+@pytest.mark.slow
+def test_a_killed_ps_is_relaunched_from_its_checkpoint_at_the_url(tmp_path: Path) -> None:
+    """No claim: the PS pushes its checkpoints to the URL while it runs. SIGKILLed (a lost
+    node: no final checkpoint), its next incarnation, in a fresh pod with an empty scratch
+    folder, restores its own checkpoint pulled from the URL. The job succeeds, the model at
+    the URL."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from dlrover_core import api
+
+    state = tmp_path / "state"
+    state.mkdir()
+    over = [
+        "backend.kind=kubernetes",
+        f"backend.namespace={NAMESPACE}",
+        "backend.image=registry.example/dlrover-rm:test",
+        f"backend.state_url=file://{state}",
+        "pacing.heartbeat_interval_s=1",  # the PS checkpoints (and pushes) every 4 s
+        *SLACK,
+        "data.rows=400000",
+        "data.eval_rows=1000",
+    ]
+    spec = yaml.safe_load(SPEC_YAML)
+    with cluster(tmp_path / "k8s") as c:
+        assert c.kubelet is not None
+        kl = c.kubelet
+        killed: list[str] = []
+
+        def killer() -> None:
+            remote = state / "runs" / "small" / "ps"
+            deadline = time.monotonic() + 400
+            while time.monotonic() < deadline and not killed:
+                # a periodic push after the first shards: a second checkpoint at the URL
+                if len(list(remote.glob("gen-*/ps-0/ckpt-*.json"))) >= 2:
+                    for p in c.pods():
+                        n = p["metadata"]["name"]
+                        pid = kl.pid_of(n) if n.startswith("small-ps-0-0") else None
+                        if pid is not None:  # a node lost (SIGKILL), not an OOM
+                            os.killpg(pid, signal.SIGKILL)
+                            killed.append(n)
+                            return
+                time.sleep(0.2)
+
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        report = api.submit_and_follow(spec, overrides=over, poll_interval=0.5)
+        t.join(timeout=5)
+        logs = {p.stem: p.read_text() for p in (kl.root / "logs").glob("small-ps-0-*.log")}
+        live = c.live_pods()
+    assert killed, "the PS was never killed (no periodic checkpoint reached the URL)"
+    assert report["state"] == "succeeded", report.get("failure")
+    assert report["model_url"] == f"file://{state}/runs/small/model"
+    assert (state / "runs" / "small" / "model" / "model_card.json").is_file()
+    relaunched = [text for name, text in logs.items() if name.startswith("small-ps-0-1")]
+    assert relaunched, sorted(logs)
+    # its own checkpoint, in its own (fresh) scratch folder: it came from the URL
+    own = f"restored (own:{tmp_path / 'k8s' / 'node' / 'pods' / 'small-ps-0-1'}/"
+    assert own in relaunched[0], relaunched[0][-2000:]
+    assert "restored (empty" not in relaunched[0]
+    assert live == []
