@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlrover_core.errors import InputError, StoreUnavailableError
+from dlrover_core.errors import DLRoverError, InputError, StoreUnavailableError
 from dlrover_core.history.records import read_history_json
 from dlrover_core.model.samples_io import read_configs_csv, read_samples_csv
 from dlrover_core.model.throughput import fit_throughput_model, model_from_dict
@@ -427,6 +427,14 @@ def submit_and_follow(
             report = {**json.loads(full.read_text(encoding="utf-8")), **report}
         except (OSError, ValueError) as e:
             log.warning("cannot read %s (%s): using the master's report line", full, e)
+    elif report.get("run_url"):  # no shared claim: the master wrote it to the state URL
+        from dlrover_core.runtime import state_url
+
+        src = state_url.join(str(report["run_url"]), "report.json")
+        try:
+            report = {**json.loads(state_url.read_text(src)), **report}
+        except (DLRoverError, OSError, ValueError) as e:
+            log.warning("cannot read %s (%s): using the master's report line", src, e)
     if ev["status"] != "succeeded" or not report.get("state"):
         report.setdefault("state", "failed")
         if report["state"] == "succeeded":
@@ -460,7 +468,7 @@ only the Kubernetes API (the Airflow trigger) reads the job's result from the po
 REPORT_LINE_FIELDS = (
     "job", "state", "failure", "auc", "samples_done", "samples_total", "shards_done",
     "shards_total", "shards_completed_twice", "shards_lost", "throughput_sps", "wall_s",
-    "model_dir", "export_error", "run_dir", "history_run_id",
+    "model_dir", "export_error", "run_dir", "history_run_id", "run_url", "model_url",
 )  # fmt: skip
 
 
@@ -523,3 +531,25 @@ def profile(
     if out is not None:
         write_samples_csv(out, samples)
     return {"csv": samples_to_csv(samples), "trials": trials, "out": str(out) if out else None}
+
+
+def profile_size(
+    spec: SpecLike, *, overrides: Iterable[str] = (), n_configs: int = 6
+) -> dict[str, Any]:
+    """The container the profile step needs to run every trial at its planned size (the
+    largest trial plus the master; request = limit). Pure: plans the trials, runs nothing.
+    Returns {"cpu": "2500m", "memory": "3Gi", "cpu_millicores", "memory_mib", "trials"}."""
+    from dlrover_core.runtime.profiler import profile_configs, trial_spec
+    from dlrover_core.runtime.profiler import profile_size as size_of
+    from dlrover_core.units import format_cpu, format_memory
+
+    js = resolve_spec(spec, overrides)
+    plans = profile_configs(trial_spec(js), n_configs)
+    r = size_of(plans)
+    return {
+        "cpu": format_cpu(r.cpu_millicores),
+        "memory": format_memory(r.memory_mib),
+        "cpu_millicores": r.cpu_millicores,
+        "memory_mib": r.memory_mib,
+        "trials": len(plans),
+    }

@@ -122,6 +122,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
     res = api.profile(a.spec, overrides=a.overrides, out=a.out, n_configs=a.configs)
     for t in res["trials"]:
         tput = "no steady window" if t["throughput"] is None else f"{t['throughput']:,.0f}/s"
+        tput = t.get("skipped") or tput  # above this container's cgroup limits: not run
         print(
             f"  {t['workers']} worker(s) x {t['worker_cpu']:g} CPU, {t['ps']} PS x "
             f"{t['ps_cpu']:g} CPU: {tput}  ({t['why']})",

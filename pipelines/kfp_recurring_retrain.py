@@ -11,7 +11,10 @@ Two shapes of one pipeline:
   URL comes from a Secret (``history_secret``, key ``url``): the plan task reads it as
   ``$DLROVER_RM_HISTORY`` (kfp-kubernetes), the master Job the same way; it is never a
   pipeline parameter. The job's state claim is mounted in the train task, so the report and
-  the model come back as artifacts.
+  the model come back as artifacts. Its data comes from an upstream step's ``Dataset``
+  (``example_data``, synthetic Criteo-format Parquet: replace it with your own data-prep):
+  profile, plan and train all read it, and the train task stages it on the claim for the
+  job's pods.
 
     python pipelines/kfp_recurring_retrain.py --compile OUT.yaml [--kubernetes]
     python pipelines/kfp_recurring_retrain.py --local [--kubernetes]   # run it here (kfp.local)
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import yaml
 from kfp import compiler, dsl
+from kfp.dsl import Dataset, Output
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
@@ -34,7 +38,10 @@ from dlrover_core.api import SUBMITTER_RESOURCES  # noqa: E402
 from dlrover_core.units import format_cpu, format_memory  # noqa: E402
 from dlrover_rm.components import BASE_IMAGE  # noqa: E402
 from dlrover_rm.components.plan.component import dlrover_plan  # noqa: E402
-from dlrover_rm.components.profile.component import dlrover_profile  # noqa: E402
+from dlrover_rm.components.profile.component import (  # noqa: E402
+    dlrover_profile,
+    dlrover_profile_size,
+)
 from dlrover_rm.components.train.component import dlrover_train  # noqa: E402
 
 # The example spec as one line of JSON (JSON is YAML): the KFP compiler copies parameter
@@ -56,6 +63,54 @@ STATE_MOUNT = "/var/lib/dlrover-rm"  # backend.state_mount_path's default
 # Settings that keep a --local run short on a small machine (2 profile configs, few rows).
 LOCAL_OVERRIDES = ["data.rows=20000", "data.eval_rows=2000"]
 LOCAL_N_CONFIGS = 2
+EXAMPLE_ROWS = 200_000  # the k8s shape's example data-prep step
+LOCAL_EXAMPLE_ROWS = 22_000  # a --local run: LOCAL_OVERRIDES' 20000 rows + 2000 held out
+
+
+@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+def example_data(spec_yaml: str, rows: int, dataset: Output[Dataset]) -> int:
+    """The example's data-prep step: ``rows`` Criteo-format records as Parquet (``label``,
+    ``I1..``, ``C1..`` with the spec's dense feature and table counts), from the project's
+    synthetic generator. Replace it with your own step that outputs a ``Dataset`` (Parquet
+    or Criteo TSV; metadata ``format``).
+
+    Returns:
+        The number of rows written.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from dlrover_core.spec import parse_spec
+    from dlrover_core.training.data import SyntheticCriteo
+
+    js = parse_spec(yaml.safe_load(spec_yaml))
+    dense, tables = js.model.dense_features, len(js.model.embedding_tables)
+    b = SyntheticCriteo(num_dense=dense, num_sparse=tables, num_rows=rows).rows(0, rows)
+    cols = {"label": b.labels.astype(np.int64)}
+    ints = np.rint(np.expm1(b.dense.astype(np.float64))).astype(np.int64)  # raw counts
+    cols |= {f"I{i + 1}": ints[:, i] for i in range(dense)}
+    cols |= {f"C{i + 1}": b.sparse[:, i] for i in range(tables)}
+    pq.write_table(pa.table(cols), dataset.path, row_group_size=50_000)
+    dataset.metadata["format"] = "parquet"
+    dataset.metadata["rows"] = rows
+    return rows
+
+
+def _sized_profile(spec_yaml: str, overrides: list, n_configs: int, dataset=None):  # type: ignore[no-untyped-def]
+    """The profile task, sized to its largest trial plus the master (request = limit): its
+    trials run in its pod, and a trial on arbitrary CPU would measure arbitrary speeds."""
+    size_task = dlrover_profile_size(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    size_task.set_caching_options(False)
+    extra = {} if dataset is None else {"dataset": dataset}
+    profile_task = dlrover_profile(
+        spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs, **extra
+    )
+    cpu, memory = size_task.outputs["cpu"], size_task.outputs["memory"]
+    profile_task.set_cpu_request(cpu).set_cpu_limit(cpu)
+    profile_task.set_memory_request(memory).set_memory_limit(memory)
+    return profile_task
 
 
 @dsl.pipeline(
@@ -68,7 +123,7 @@ def recurring_retrain(
     n_configs: int = 6,
     history: str = "",
 ):
-    profile_task = dlrover_profile(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    profile_task = _sized_profile(spec_yaml, overrides, n_configs)
     plan_task = dlrover_plan(
         spec_yaml=spec_yaml,
         samples=profile_task.outputs["samples"],
@@ -103,12 +158,21 @@ def recurring_retrain_k8s(
     history_secret: str = HISTORY_SECRET,
     state_pvc: str = STATE_PVC,
     poll_interval: float = 5.0,
+    example_rows: int = EXAMPLE_ROWS,
 ):
     from kfp import kubernetes
 
-    profile_task = dlrover_profile(spec_yaml=spec_yaml, overrides=overrides, n_configs=n_configs)
+    # data in: an upstream step's Dataset; profile, plan and train all read it (data.source
+    # is part of the history signature), the train step stages it for the job's pods
+    data_task = example_data(spec_yaml=spec_yaml, rows=example_rows)
+    data_task.set_caching_options(False)
+    data = data_task.outputs["dataset"]
+    profile_task = _sized_profile(spec_yaml, overrides, n_configs, dataset=data)
     plan_task = dlrover_plan(
-        spec_yaml=spec_yaml, samples=profile_task.outputs["samples"], overrides=overrides
+        spec_yaml=spec_yaml,
+        samples=profile_task.outputs["samples"],
+        overrides=overrides,
+        dataset=data,
     )
     # warm start: the plan step reads the store through $DLROVER_RM_HISTORY (the default
     # store), from the Secret; optional, so a cluster without one plans cold
@@ -124,6 +188,7 @@ def recurring_retrain_k8s(
         overrides=overrides,
         history_secret=history_secret,
         state_pvc=state_pvc,
+        dataset=data,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         poll_interval=poll_interval,
     )
@@ -160,6 +225,7 @@ def run_local(
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
     over = list(LOCAL_OVERRIDES if overrides is None else overrides)
     if kubernetes:
+        params.setdefault("example_rows", LOCAL_EXAMPLE_ROWS)
         return recurring_retrain_k8s(
             overrides=[*K8S_OVERRIDES, *over], n_configs=n_configs, **params
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_core.errors import DLRoverError, InputError, StoreUnavailableError
+from dlrover_core.runtime import state_url
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import HistoryRecord, ResourcePlan, Role
 
@@ -42,6 +43,9 @@ def train(
     if spec.backend.kind == "kubernetes" and run_dir is None:
         # the run directory lives on the state volume, at one path for master and nodes
         rd = Path(spec.backend.state_mount_path) / "runs" / spec.name
+    surl = state_url_of(spec, rd)
+    if surl is not None:
+        _state_url_start(spec, rd, surl)
     data, problem = check_data(spec)
     if problem is not None:
         from dlrover_core.runtime.report import failed_report
@@ -52,6 +56,8 @@ def train(
         report["history_run_id"] = None
         report["samples"] = []
         _complete(rd, report)
+        if surl is not None:
+            _publish(rd, report, surl, None)
         return report
     master_cls = JobMaster
     if spec.strategy == "allreduce":
@@ -79,8 +85,14 @@ def train(
     report["quota_clamped"] = clamp_note
     report["samples"] = [dataclasses.asdict(s) for s in master.samples]
     report["history_run_id"] = None
+    mdir = Path(model_dir) if model_dir else rd / "model"
     if report.get("state") == "succeeded":
-        export_after_train(report, rd, Path(model_dir) if model_dir else rd / "model")
+        if surl is not None:
+            _pull_checkpoints(rd, surl)
+        export_after_train(report, rd, mdir)
+    if surl is not None:
+        report["run_url"] = surl
+        report["model_url"] = state_url.join(surl, "model") if report.get("model_dir") else None
     _amend(rd, report, data)
     if report.get("state") == "succeeded" and master.plan is not None:
         report["history_run_id"] = record_history(spec, report, master, history_url)
@@ -89,7 +101,79 @@ def train(
 
             amend_report(rd, {"history_run_id": report["history_run_id"]})  # for any reader
     _complete(rd, report)
+    if surl is not None:
+        _publish(rd, report, surl, mdir if report.get("model_url") else None)
     return report
+
+
+def state_url_of(spec: JobSpec, rd: Path) -> str | None:
+    """Where this run's durable files go when no claim is shared (``backend.state_url`` on
+    Kubernetes without ``state_pvc``): ``<state_url>/<rd relative to the state mount>``, or
+    ``<state_url>/runs/<job>`` for a run directory elsewhere. None otherwise."""
+    b = spec.backend
+    if b.kind != "kubernetes" or not b.state_url or b.state_pvc:
+        return None
+    import os
+
+    mount = os.environ.get(state_url.ENV_STATE_MOUNT, b.state_mount_path)
+    key = state_url.state_key(rd.absolute(), mount)
+    return state_url.join(b.state_url, key if key else f"runs/{spec.name}")
+
+
+def _state_url_start(spec: JobSpec, rd: Path, url: str) -> None:
+    """Before the master starts: the job token from its Secret (the nodes get the same one)
+    and ``spec.json`` at the URL, where the node pods read it."""
+    import os
+
+    from dlrover_core.runtime.files import atomic_write_json
+    from dlrover_core.spec import spec_to_dict
+
+    rd.mkdir(parents=True, exist_ok=True)
+    token = os.environ.get(state_url.ENV_TOKEN)
+    if token:
+        state_url.write_token(rd, token)
+    if not (rd / "spec.json").exists():
+        atomic_write_json(rd / "spec.json", spec_to_dict(spec))
+    try:
+        state_url.push_files(rd, ["spec.json"], url)
+    except OSError as e:
+        raise InputError(
+            f"cannot write to backend.state_url {url!r}: {e}; check the URL and the pod's "
+            "credentials for it"
+        ) from None
+    log.info("state: run directory %s mirrored at %s", rd, url)
+
+
+def _pull_checkpoints(rd: Path, url: str) -> None:
+    """The PS checkpoints each PS pod pushed when it stopped, into the run directory (the
+    export reads them there)."""
+    try:
+        n = state_url.pull_tree(state_url.join(url, "ps"), rd / "ps")
+    except (DLRoverError, OSError) as e:
+        log.error("cannot read the PS checkpoints at %s: %s", url, e)
+        return
+    log.info("state: %d checkpoint file(s) read from %s", n, state_url.join(url, "ps"))
+
+
+def _publish(rd: Path, report: dict[str, Any], url: str, mdir: Path | None) -> None:
+    """The exported model, then report.json, report.png and master.json, to the state URL:
+    the run directory is scratch and goes with the pod. A failed copy is in the report (and
+    the report line): never a model silently lost."""
+    from dlrover_core.runtime.report import amend_report
+
+    try:
+        n = 0
+        if mdir is not None:
+            n += state_url.push_tree(mdir, state_url.join(url, "model"))
+        n += state_url.push_files(rd, state_url.RUN_FILES, url)
+        log.info("state: %d file(s) written to %s", n, url)
+    except (DLRoverError, OSError) as e:
+        why = f"the model and report could not be written to {url}: {e}"
+        log.error("%s", why)
+        report["model_url"] = None
+        report["export_error"] = why
+        if (rd / "report.json").exists():
+            amend_report(rd, {"model_url": None, "export_error": why})
 
 
 def _complete(rd: Path, report: dict[str, Any]) -> None:
@@ -148,7 +232,7 @@ def check_data(spec: JobSpec) -> tuple[dict[str, Any] | None, str | None]:
 def _amend(rd: Path, report: dict[str, Any], data: dict[str, Any] | None) -> None:
     from dlrover_core.runtime.report import amend_report, json_safe
 
-    keys = ("model_dir", "model_held_out", "export_error", "quota_clamped")
+    keys = ("model_dir", "model_held_out", "export_error", "quota_clamped", "run_url", "model_url")
     extra: dict[str, Any] = {k: report[k] for k in keys if k in report}
     if data is not None:
         extra["data"] = data

@@ -270,7 +270,15 @@ class DLRoverTrainOperator(_DLRoverBase):
                 f"{(report or {}).get('failure') or event.get('message')}"
             )
         report = dict(report or {})
-        if event.get("job"):  # on Kubernetes: the model is on the job's state volume
+        if event.get("job"):  # on Kubernetes: on the job's state volume, or at its state URL
+            if report.get("run_url") and not report.get("model_url"):
+                raise AirflowException(
+                    f"DLRover-RM job {where} succeeded but its model is not at "
+                    f"{report['run_url']}: {report.get('export_error') or 'not exported'}"
+                )
+            if report.get("model_url"):  # no claim: the master wrote it to backend.state_url
+                report["model_dir"] = str(report["model_url"])
+                context["ti"].xcom_push(key="model_url", value=str(report["model_url"]))
             if report.get("model_dir"):
                 context["ti"].xcom_push(key="model_dir", value=str(report["model_dir"]))
             self.log.info("job succeeded: %s", json.dumps(report)[:2000])

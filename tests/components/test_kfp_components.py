@@ -218,6 +218,7 @@ def test_the_image_is_set_in_one_place_at_compile_time(tmp_path: Path) -> None:
     images = {k: e["container"]["image"] for k, e in doc["deploymentSpec"]["executors"].items()}
     assert images == {
         "exec-dlrover-profile": "registry.example/ml/dlrover-rm:1.2.3",
+        "exec-dlrover-profile-size": "registry.example/ml/dlrover-rm:1.2.3",
         "exec-dlrover-plan": "registry.example/ml/dlrover-rm:1.2.3",
         "exec-dlrover-train": "registry.example/ml/dlrover-rm:1.2.3",
     }

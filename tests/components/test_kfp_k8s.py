@@ -224,9 +224,14 @@ def test_k8s_pipeline_runs_under_kfp_local(
             NAMESPACE,
             {"metadata": {"name": "team-history"}, "stringData": {"url": url}},
         )
+        # the train task's mount of the claim: the kubelet's folder for it, so the task (which
+        # stages the data-prep step's Dataset there) and the pods see one path
+        claim = c.kubelet.root / "pvc" / "dlrover-rm-state"
+        claim.mkdir(parents=True, exist_ok=True)
         over = [
             f"backend.namespace={NAMESPACE}",
             "backend.image=registry.example/dlrover-rm:test",
+            f"backend.state_mount_path={claim}",
             *SLACK,
             "data.rows=20000",
             "data.eval_rows=2000",
@@ -276,6 +281,11 @@ def test_k8s_pipeline_runs_under_kfp_local(
     assert f"{first['metadata']['name']} | job {job_name} succeeded" in text
     report = json.loads((run / "dlrover-train" / "run" / "report.json").read_text())
     assert report["state"] == "succeeded" and report["shards_done"] == report["shards_total"]
+    # data in: the data-prep step's Dataset, staged on the claim, read by the job's pods
+    staged = claim / "datasets" / job_name / "dataset"
+    assert staged.is_file()
+    assert report["data"]["files"][0]["path"] == str(staged), report["data"]
+    assert report["data"]["records"] == 20000 and report["samples_done"] == 20000
     assert report["auc"] is not None and report["auc"] > 0.6
     (metrics,) = train_out["artifacts"]["metrics"]["artifacts"]
     assert metrics["metadata"]["auc"] == pytest.approx(report["auc"])

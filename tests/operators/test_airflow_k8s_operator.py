@@ -107,6 +107,31 @@ def test_execute_complete_on_kubernetes() -> None:
         op.execute_complete({"ti": ti}, gone)  # type: ignore[arg-type]
 
 
+def test_execute_complete_with_a_state_url_gives_the_models_url() -> None:
+    """No claim (backend.state_url): the master wrote the model to the URL; XCom names it
+    there (model_dir and model_url), and a model that did not get there fails the task."""
+    op = _op()
+    ti = _TI()
+    url = "s3://bucket/dlrover/runs/small"
+    report = {
+        "state": "succeeded",
+        "model_dir": "/var/lib/dlrover-rm/runs/small/model",  # the master pod's scratch
+        "run_url": url,
+        "model_url": f"{url}/model",
+    }
+    event = {"status": "succeeded", "job": "small", "namespace": NAMESPACE, "report": report}
+    out = op.execute_complete({"ti": ti}, event)  # type: ignore[arg-type]
+    assert out["model_dir"] == f"{url}/model"
+    assert ti.pushed == {"model_dir": f"{url}/model", "model_url": f"{url}/model"}
+    lost = {
+        **report,
+        "model_url": None,
+        "export_error": f"the model and report could not be written to {url}: denied",
+    }
+    with pytest.raises(AirflowException, match=r"its model is not at s3://.*: the model and"):
+        op.execute_complete({"ti": _TI()}, {**event, "report": lost})  # type: ignore[arg-type]
+
+
 def test_the_connections_history_goes_to_the_master_in_a_secret_the_job_owns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

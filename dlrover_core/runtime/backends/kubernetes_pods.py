@@ -40,6 +40,7 @@ ENV_POD_NAME = "DLROVER_RM_POD_NAME"
 ENV_NAMESPACE = "DLROVER_RM_NAMESPACE"
 ENV_STATE_DIR = "DLROVER_RM_STATE_DIR"
 ENV_STATE_URL = "DLROVER_RM_STATE_URL"
+ENV_STATE_MOUNT = "DLROVER_RM_STATE_MOUNT"  # with a URL and no claim: the scratch mount path
 ENV_TOKEN = "DLROVER_RM_TOKEN"
 ENV_TOKEN_FILE = "DLROVER_RM_TOKEN_FILE"
 BIND_ALL = "0.0.0.0"
@@ -162,6 +163,8 @@ def node_to_pod(spec: NodeSpec, cfg: PodConfig) -> k8s.V1Pod:
         plain.setdefault(ENV_STATE_DIR, cfg.state_mount_path)
     if cfg.state_url:
         plain.setdefault(ENV_STATE_URL, cfg.state_url)
+        if not cfg.state_pvc:
+            plain.setdefault(ENV_STATE_MOUNT, cfg.state_mount_path)
     if cfg.token_secret:
         plain.setdefault(ENV_TOKEN_FILE, f"{TOKEN_MOUNT_PATH}/token")
     env = [
@@ -202,6 +205,9 @@ def node_to_pod(spec: NodeSpec, cfg: PodConfig) -> k8s.V1Pod:
                 ),
             )
         )
+    elif cfg.state_url:  # scratch, writable by the pod's user; the URL holds what must last
+        mounts.append(k8s.V1VolumeMount(name=STATE_VOLUME, mount_path=cfg.state_mount_path))
+        volumes.append(k8s.V1Volume(name=STATE_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource()))
     if cfg.token_secret:
         mounts.append(
             k8s.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT_PATH, read_only=True)

@@ -50,6 +50,7 @@ from dlrover_core.runtime.backends.kubernetes_pods import (
     ENV_NAMESPACE,
     ENV_POD_NAME,
     ENV_STATE_DIR,
+    ENV_STATE_MOUNT,
     ENV_STATE_URL,
     ENV_TOKEN,
     ENV_TOKEN_FILE,
@@ -396,6 +397,8 @@ def master_job(cfg: MasterConfig) -> dict[str, Any]:
         volumes.append({"name": "state", "emptyDir": {}})
     if cfg.state_url:
         env.append({"name": ENV_STATE_URL, "value": cfg.state_url})
+        if not cfg.pvc_name:
+            env.append({"name": ENV_STATE_MOUNT, "value": cfg.state_mount_path})
     if cfg.history_secret:
         name, key = cfg.history_secret
         env.append({"name": ENV_HISTORY, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})

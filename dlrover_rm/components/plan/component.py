@@ -16,6 +16,7 @@ def dlrover_plan(
     samples: Input[Dataset] = None,
     overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
     history: str = "",
+    dataset: Input[Dataset] = None,
 ) -> NamedTuple(
     "PlanOutputs",
     [
@@ -39,6 +40,8 @@ def dlrover_plan(
         samples: Optional samples CSV from the profile step; without it, a cold-start plan.
         overrides: `path.to.field=value` overrides applied to the spec (as `--set`).
         history: Optional run-history URL for warm start; empty for none.
+        dataset: Optional: the training data the train step gets (its data.source is part
+            of the job's history signature, so plan and train must agree on it).
 
     Returns:
         workers / ps: node counts. worker_cpu, worker_memory, ps_cpu, ps_memory: one node's
@@ -55,8 +58,15 @@ def dlrover_plan(
     from dlrover_core.runtime.render import plan_markdown
     from dlrover_core.units import format_cpu, format_memory
 
+    spec = yaml.safe_load(spec_yaml)
+    if dataset is not None:
+        from dlrover_core.spec import use_data_file
+        from dlrover_core.training.data import source_for_path
+
+        fmt = str((dataset.metadata or {}).get("format") or source_for_path(dataset.path))
+        spec = use_data_file(spec, fmt, dataset.path)
     p = api.plan(
-        yaml.safe_load(spec_yaml),
+        spec,
         overrides=overrides,
         samples=samples.path if samples is not None else None,
         history=history or None,

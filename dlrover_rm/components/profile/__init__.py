@@ -1,3 +1,3 @@
-from .component import dlrover_profile
+from .component import dlrover_profile, dlrover_profile_size
 
-__all__ = ["dlrover_profile"]
+__all__ = ["dlrover_profile", "dlrover_profile_size"]

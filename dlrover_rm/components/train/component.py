@@ -43,14 +43,17 @@ def dlrover_train(
         dataset: Optional training data from an upstream step (a Criteo TSV or Parquet file
             or folder): it becomes data.path, with data.source from the artifact's
             metadata "format" ("criteo_tsv" or "parquet") or the file name. On Kubernetes
-            the artifact's URI (an fsspec URL the job's pods read) instead of its local path.
+            the task first copies it (the launcher's local copy) into the job's shared
+            storage, which every pod of the job reads: the state claim mounted here
+            (<state_mount_path>/datasets/<job>/) or the state URL (<state_url>/datasets/<job>/).
         history_secret: On Kubernetes: NAME or NAME:KEY (key "url") of the Secret that holds
             the history store URL; the master Job reads it as $DLROVER_RM_HISTORY, so the URL
             is never a pipeline parameter (mount the same Secret into this task's env, e.g.
             with kfp-kubernetes use_secret_as_env, for the plan step's warm start).
         state_pvc: On Kubernetes: the job's state claim (backend.state_pvc); mount it in this
             task at backend.state_mount_path, so the report and the model come back as
-            artifacts.
+            artifacts. Without a claim (backend.state_url, fsspec), the master writes the
+            model and the report to the URL and this task reads them from there.
         run_id: The pipeline run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER). On Kubernetes the
             job is named <spec name>-<8 hex of it>: each run is a job of its own, and a
             retried task follows its run's job instead of submitting another.
@@ -86,12 +89,23 @@ def dlrover_train(
         over.append(f"backend.state_pvc={state_pvc}")
     js = api.resolve_spec(spec, over)
     on_k8s = js.backend.kind == "kubernetes"
+    if on_k8s and run_id:
+        import hashlib
+
+        over.append(f"name={js.name}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}")
+        js = api.resolve_spec(spec, over)
     if dataset is not None:
         from dlrover_core.spec import use_data_file
         from dlrover_core.training.data import source_for_path
 
         fmt = str((dataset.metadata or {}).get("format") or source_for_path(dataset.path))
-        spec = use_data_file(spec, fmt, dataset.uri if on_k8s else dataset.path)
+        where = dataset.path
+        if on_k8s:  # the job's pods see neither this task's copy nor (minio://) its URI
+            from dlrover_core.runtime.state_url import stage_dataset
+
+            where = stage_dataset(dataset.path, js.backend, js.name)
+            logging.getLogger("dlrover_rm.kfp").info("dataset staged at %s", where)
+        spec = use_data_file(spec, fmt, where)
     if not on_k8s:
         report = api.train(
             spec,
@@ -103,11 +117,8 @@ def dlrover_train(
             model_dir=model.path,
         )
     else:
-        import hashlib
         import shutil
 
-        if run_id:
-            over.append(f"name={js.name}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}")
         log = logging.getLogger("dlrover_rm.kfp")
         report = api.submit_and_follow(
             spec,
@@ -133,6 +144,16 @@ def dlrover_train(
         mdir = Path(str(report.get("model_dir") or "/nonexistent"))
         if report["state"] == "succeeded" and (mdir / "model_card.json").is_file():
             shutil.copytree(mdir, model.path, dirs_exist_ok=True)
+        elif report["state"] == "succeeded" and report.get("model_url"):
+            # no shared claim: the master wrote the model and report.png to backend.state_url
+            from dlrover_core.runtime import state_url
+
+            state_url.pull_tree(str(report["model_url"]), model.path)
+            if report.get("run_url") and not (Path(run.path) / "report.png").is_file():
+                png_url = state_url.join(str(report["run_url"]), "report.png")
+                state_url.pull_file(png_url, Path(run.path) / "report.png")
+            if not (Path(model.path) / "model_card.json").is_file():
+                report["export_error"] = f"no model_card.json at {report['model_url']}"
         elif report["state"] == "succeeded" and not report.get("export_error"):
             report["export_error"] = (
                 f"the model is on the job's state volume ({report.get('model_dir')}), not "

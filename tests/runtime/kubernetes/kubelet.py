@@ -14,7 +14,9 @@ over HTTP, like a kubelet) and drives each one:
   PVC to ``root/pvc/<claim>`` (shared by every pod that mounts it, as a ReadWriteMany volume
   would be), an emptyDir, a secret or a configMap to ``root/pods/<pod>/<volume>`` (secret and
   configMap keys written as files); every occurrence of a mount path in the command and env
-  values is rewritten to its local directory. A Service DNS name of the namespace
+  values is rewritten to its local directory, and another pod's emptyDir folder (a master's
+  scratch run directory in a node's command) back to the mount path that pod saw, so nothing
+  is shared through an emptyDir that a cluster would not share. A Service DNS name of the namespace
   (``<svc>.<namespace>.svc[.cluster.local]``) in the command or env is rewritten to
   ``127.0.0.1``: there is no cluster DNS, and every pod is this host. ``base_env`` may carry
   ``KUBECONFIG`` so that a master pod's client reaches the test API server
@@ -144,6 +146,7 @@ class KubeletStandIn:
         self._last_metrics = 0.0
         self.errors: list[str] = []
         self._names: dict[str, str] = {}  # pod uid -> name
+        self._scratch: dict[str, str] = {}  # emptyDir folder -> the mount path its pod saw
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -314,6 +317,11 @@ class KubeletStandIn:
         for e in container.get("env") or []:
             env[e["name"]] = self._env_value(pod, e)
         argv = list(container.get("command") or []) + list(container.get("args") or [])
+        # another pod's emptyDir folder in this pod's command (a master's scratch run dir in a
+        # node's argv) is the path that pod saw: on a cluster it names nothing shared
+        for local, mount_path in sorted(self._scratch.items(), key=lambda kv: -len(kv[0])):
+            argv = [_rewrite(a, local, mount_path) for a in argv]
+            env = {k: _rewrite(v, local, mount_path) for k, v in env.items()}
         for mount_path, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
             argv = [_rewrite(a, mount_path, local) for a in argv]
             env = {k: _rewrite(v, mount_path, local) for k, v in env.items()}
@@ -581,6 +589,8 @@ class KubeletStandIn:
             else:
                 local = self.root / "pods" / name / m["name"]
             local.mkdir(parents=True, exist_ok=True)
+            if "emptyDir" in vol:
+                self._scratch[str(local)] = m["mountPath"].rstrip("/")
             if "secret" in vol:
                 for k, v in self._secret(vol["secret"]["secretName"]).items():
                     (local / k).write_text(v)

@@ -123,10 +123,12 @@ def test_state_url_instead_of_a_volume() -> None:
     (c,) = pod["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env[ENV_STATE_URL] == "s3://bucket/run"
-    assert ENV_STATE_DIR not in env
-    assert "volumes" not in pod["spec"] or not any(
-        v["name"] == "state" for v in pod["spec"].get("volumes") or []
-    )
+    assert ENV_STATE_DIR not in env  # nothing is shared through the volume
+    # the run directory is scratch the pod's user can write (an emptyDir), its path told
+    assert env["DLROVER_RM_STATE_MOUNT"] == "/var/lib/dlrover-rm"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["state"] == {"name": "state", "emptyDir": {}}
+    assert {"name": "state", "mountPath": "/var/lib/dlrover-rm"} in c["volumeMounts"]
 
 
 def test_no_memory_limit_means_no_memory_quantity() -> None:
