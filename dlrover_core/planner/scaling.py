@@ -217,9 +217,22 @@ def search(
     )
     in_span = not model.span_problems(cur)
     n_ok = int(np.count_nonzero(ok))
-    # the current configuration on its own one-point grid: the grid's arithmetic
-    x_cur = (
-        float(
+    # no PS (all-reduce): a placeholder PS CPU the model ignores
+    p_cpu = np.asarray(pcv, dtype=np.float64) / 1000.0 if uses_ps else np.ones(1)
+    x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu) if n_ok else None
+    # the current configuration: its grid point when the axes hold it (element-wise, the
+    # grid's arithmetic is that of a one-point grid), else on its own one-point grid
+    at_cur = _grid_index(
+        (wv, pv, wcv, pcv),
+        (cw.count, cp.count, cw.resources.cpu_millicores, cp.resources.cpu_millicores),
+        uses_ps,
+    )
+    if not in_span:
+        x_cur = 0.0
+    elif x is not None and at_cur is not None:
+        x_cur = float(x[at_cur])
+    else:
+        x_cur = float(
             model.predict_grid(
                 [cw.count],
                 [cp.count],
@@ -227,9 +240,6 @@ def search(
                 [cp.resources.cpu_millicores / 1000 if uses_ps else 1.0],
             )[0, 0, 0, 0]
         )
-        if in_span
-        else 0.0
-    )
     c_cur = float(
         cost(
             cw.count,
@@ -248,11 +258,8 @@ def search(
         return math.log(max(x_now, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
 
     j_cur = objective_now(x_cur)
-    if not n_ok:
+    if x is None:
         return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
-    # no PS (all-reduce): a placeholder PS CPU the model ignores
-    p_cpu = np.asarray(pcv, dtype=np.float64) / 1000.0 if uses_ps else np.ones(1)
-    x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu)
     c = cost(W, P, WC, PC, float(w_mem), PM, cfg.memory_gib_per_core)
     j = np.log(np.maximum(x, 1e-12)) - cfg.min_elasticity * np.log(np.maximum(c, 1e-12))
     j = np.where(ok, j, -np.inf)
@@ -273,6 +280,25 @@ def search(
         if np.isfinite(jf.flat[k]):
             faster = at(k, n_ok)
     return dataclasses.replace(best, faster=faster) if faster is not None else best
+
+
+def _grid_index(
+    axes: tuple[list[int], list[int], list[int], list[int]],
+    point: tuple[int, int, int, int],
+    uses_ps: bool,
+) -> tuple[int, int, int, int] | None:
+    """Where ``point`` (workers, PS, CPU per worker and per PS in millicores) lies on the
+    grid's axes, or None. Without PS the PS CPU axis is a placeholder of one value."""
+    out = []
+    for k, (vals, v) in enumerate(zip(axes, point, strict=True)):
+        if not uses_ps and k == 3:
+            out.append(0)
+            continue
+        try:
+            out.append(vals.index(v))
+        except ValueError:
+            return None
+    return (out[0], out[1], out[2], out[3])
 
 
 # --- sampling: configurations to try before the model can be trusted --------------------
