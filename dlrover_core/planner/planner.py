@@ -102,6 +102,10 @@ class Planner:
         # id() with the object kept, so a recycled id never matches
         self._summary: dict[int, tuple[Observation, ObservedMemory]] = {}
         self._last_summaries: list[ObservedMemory] = []
+        # grid searches of the latest model (a model is kept until the evidence changes, and
+        # the same grid with the same memory per node gives the same result)
+        self._search_memo: scaling.SearchMemo = {}
+        self._memo_model: ThroughputModel | None = None
 
     def _summaries(self, observations: Sequence[Observation]) -> list[ObservedMemory]:
         old = self._summary
@@ -554,7 +558,14 @@ class Planner:
 
         if memory_from is not None and not observations:
             w_mem = max(w_mem, memory_from.workers.resources.memory_mib)
-        return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
+        if model is not self._memo_model:
+            self._search_memo.clear()
+            self._memo_model = model
+        if memory_from is not None:  # ps_mem then also reads the base plan: not memoised
+            return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
+        return scaling.search(
+            model, current, self.bounds, cfg, w_mem, ps_mem, limits, self._search_memo
+        )
 
     def _scaled_plan(
         self,

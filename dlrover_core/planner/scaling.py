@@ -117,6 +117,9 @@ class SearchResult:
         return math.exp(self.objective - self.current_objective) - 1.0
 
 
+SearchMemo = dict[tuple[object, ...], tuple[ThroughputModel, "SearchResult"]]
+
+
 @dataclass(frozen=True)
 class SearchLimits:
     """Which moves pacing and the guards allow this time."""
@@ -138,7 +141,10 @@ def search(
     worker_memory_mib: int,
     ps_memory_mib: Callable[[int], int],
     limits: SearchLimits = SearchLimits(),
+    memo: SearchMemo | None = None,
 ) -> SearchResult:
+    """``memo``: results of earlier searches with this model, reused when the grid, the
+    memory per node and the guards are the same (a search is a pure function of them)."""
     cw, cp = current.workers, current.ps
     uses_ps = bounds.ps.max_count > 0
     wv = _count_values(bounds.workers, cw.count, limits.change_workers, limits.max_worker_step)
@@ -188,7 +194,39 @@ def search(
     p_mem_of = {p: (bounds.ps.memory(ps_memory_mib(p)) if p > 0 else 0) for p in pv}
     if not limits.change_ps:
         p_mem_of = {p: cp.resources.memory_mib for p in pv}
+    key: tuple[object, ...] = ()
+    if memo is not None:
+        key = (
+            id(model), tuple(wv), tuple(pv), tuple(wcv), tuple(pcv), w_mem,
+            tuple(p_mem_of[p] for p in pv), limits.ps_capacity_floor, limits.avoid, cw, cp,
+            bounds.quota, cfg.min_elasticity, cfg.memory_gib_per_core, cfg.faster_min_speedup,
+        )  # fmt: skip
+        hit = memo.get(key)
+        if hit is not None and hit[0] is model:
+            return hit[1]
+    res = _evaluate(model, current, bounds, cfg, limits, wv, pv, wcv, pcv, w_mem, p_mem_of)
+    if memo is not None:
+        memo[key] = (model, res)
+    return res
 
+
+def _evaluate(
+    model: ThroughputModel,
+    current: ResourcePlan,
+    bounds: JobBounds,
+    cfg: PlannerConfig,
+    limits: SearchLimits,
+    wv: list[int],
+    pv: list[int],
+    wcv: list[int],
+    pcv: list[int],
+    w_mem: int,
+    p_mem_of: dict[int, int],
+) -> SearchResult:
+    """The objective on the grid of the four axes; the best point (and the best clearly
+    faster one when the best is not)."""
+    cw, cp = current.workers, current.ps
+    uses_ps = bounds.ps.max_count > 0
     # the grid as four broadcast axes (workers, PS, CPU per worker, CPU per PS): every
     # quantity below is a sum of per-axis terms, so no 4 × n design matrix is built
     W = np.asarray(wv, dtype=np.float64).reshape(-1, 1, 1, 1)
