@@ -31,7 +31,7 @@ from dlrover_core.planner.memory_sizing import (
     ps_memory_from_fit,
     worker_memory_mib,
 )
-from dlrover_core.planner.post_scaling import post_scale
+from dlrover_core.planner.post_scaling import StragglerMemo, post_scale
 from dlrover_core.planner.warm_start import initial_plan, similar_runs
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
@@ -105,6 +105,7 @@ class Planner:
         # grid searches of the latest model (a model is kept until the evidence changes, and
         # the same grid with the same memory per node gives the same result)
         self._search_memo: scaling.SearchMemo = {}
+        self._stragglers: StragglerMemo = {}
         self._memo_model: ThroughputModel | None = None
 
     def _summaries(self, observations: Sequence[Observation]) -> list[ObservedMemory]:
@@ -119,6 +120,13 @@ class Planner:
             out.append(hit[1])
         self._summary = new
         return out
+
+    def _straggler_memo(self, observations: Sequence[Observation]) -> StragglerMemo:
+        """The stragglers of the observations still in the window (older ones dropped)."""
+        live = {id(o) for o in observations}
+        for k in [k for k in self._stragglers if k not in live]:
+            del self._stragglers[k]
+        return self._stragglers
 
     def _memory_fits(self, observations: Sequence[Observation]) -> tuple[PSMemoryFit, int]:
         key = (
@@ -207,6 +215,7 @@ class Planner:
             past_plans=past_plans,
             ps_fit=self._memory_fits(observations)[0],
             bounds=self.bounds,
+            straggler_memo=self._straggler_memo(observations),
         )
         if urgent is not None:
             return PlanDecision(urgent)
@@ -319,6 +328,7 @@ class Planner:
             past_plans=past_plans,
             ps_fit=self._memory_fits(observations)[0],
             bounds=self.bounds,
+            straggler_memo=self._straggler_memo(observations),
         )
         return PlanDecision(urgent, () if urgent is not None else ("stage 3: nothing to fix",))
 
