@@ -298,9 +298,13 @@ def _evaluate(
     j_cur = objective_now(x_cur)
     if x is None:
         return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
-    c = cost(W, P, WC, PC, float(w_mem), PM, cfg.memory_gib_per_core)
-    j = np.log(np.maximum(x, 1e-12)) - cfg.min_elasticity * np.log(np.maximum(c, 1e-12))
-    j = np.where(ok, j, -np.inf)
+    # cost() on the grid, reusing its CPU total (the same expression, element by element)
+    c = tot_cpu / 1000.0 + tot_mem / 1024.0 / cfg.memory_gib_per_core
+    log_c = np.log(np.maximum(c, 1e-12, out=c), out=c)
+    log_c *= cfg.min_elasticity
+    j = np.log(np.maximum(x, 1e-12))
+    j -= log_c
+    j[~ok] = -np.inf
 
     def at(flat: int, n: int) -> SearchResult:
         iw, ip, iwc, ipc = np.unravel_index(flat, j.shape)
