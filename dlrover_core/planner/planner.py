@@ -104,9 +104,8 @@ class Planner:
         self._last_summaries: list[ObservedMemory] = []
         # grid searches of the latest model (a model is kept until the evidence changes, and
         # the same grid with the same memory per node gives the same result)
-        self._search_memo: scaling.SearchMemo = {}
+        self._search_memo = scaling.SearchMemo()
         self._stragglers: StragglerMemo = {}
-        self._memo_model: ThroughputModel | None = None
 
     def _summaries(self, observations: Sequence[Observation]) -> list[ObservedMemory]:
         old = self._summary
@@ -568,9 +567,6 @@ class Planner:
 
         if memory_from is not None and not observations:
             w_mem = max(w_mem, memory_from.workers.resources.memory_mib)
-        if model is not self._memo_model:
-            self._search_memo.clear()
-            self._memo_model = model
         if memory_from is not None:  # ps_mem then also reads the base plan: not memoised
             return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
         return scaling.search(

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -117,7 +118,37 @@ class SearchResult:
         return math.exp(self.objective - self.current_objective) - 1.0
 
 
-SearchMemo = dict[tuple[object, ...], tuple[ThroughputModel, "SearchResult"]]
+@dataclass
+class SearchMemo:
+    """What searches with one model can share: whole results (the same grid, memory per node
+    and guards give the same result) and the predicted grids (the model's predictions depend
+    on the axes alone, not on memory or guards). :meth:`for_model` forgets them when the
+    model changes."""
+
+    model: ThroughputModel | None = None
+    results: dict[tuple[object, ...], SearchResult] = dataclasses.field(default_factory=dict)
+    grids: dict[tuple[tuple[int, ...], ...], FloatArray] = dataclasses.field(default_factory=dict)
+
+    max_grids: ClassVar[int] = 2  # the worker-only and the free search of one check
+    max_results: ClassVar[int] = 64
+
+    def keep_grid(self, key: tuple[tuple[int, ...], ...], x: FloatArray) -> None:
+        while len(self.grids) >= self.max_grids:
+            del self.grids[next(iter(self.grids))]
+        x.flags.writeable = False
+        self.grids[key] = x
+
+    def keep_result(self, key: tuple[object, ...], res: SearchResult) -> None:
+        while len(self.results) >= self.max_results:
+            del self.results[next(iter(self.results))]
+        self.results[key] = res
+
+    def for_model(self, model: ThroughputModel) -> SearchMemo:
+        if model is not self.model:
+            self.results.clear()
+            self.grids.clear()
+            self.model = model
+        return self
 
 
 @dataclass(frozen=True)
@@ -196,17 +227,18 @@ def search(
         p_mem_of = {p: cp.resources.memory_mib for p in pv}
     key: tuple[object, ...] = ()
     if memo is not None:
+        memo = memo.for_model(model)
         key = (
-            id(model), tuple(wv), tuple(pv), tuple(wcv), tuple(pcv), w_mem,
+            tuple(wv), tuple(pv), tuple(wcv), tuple(pcv), w_mem,
             tuple(p_mem_of[p] for p in pv), limits.ps_capacity_floor, limits.avoid, cw, cp,
             bounds.quota, cfg.min_elasticity, cfg.memory_gib_per_core, cfg.faster_min_speedup,
         )  # fmt: skip
-        hit = memo.get(key)
-        if hit is not None and hit[0] is model:
-            return hit[1]
-    res = _evaluate(model, current, bounds, cfg, limits, wv, pv, wcv, pcv, w_mem, p_mem_of)
+        hit = memo.results.get(key)
+        if hit is not None:
+            return hit
+    res = _evaluate(model, current, bounds, cfg, limits, wv, pv, wcv, pcv, w_mem, p_mem_of, memo)
     if memo is not None:
-        memo[key] = (model, res)
+        memo.keep_result(key, res)
     return res
 
 
@@ -222,6 +254,7 @@ def _evaluate(
     pcv: list[int],
     w_mem: int,
     p_mem_of: dict[int, int],
+    memo: SearchMemo | None = None,
 ) -> SearchResult:
     """The objective on the grid of the four axes; the best point (and the best clearly
     faster one when the best is not)."""
@@ -257,7 +290,14 @@ def _evaluate(
     n_ok = int(np.count_nonzero(ok))
     # no PS (all-reduce): a placeholder PS CPU the model ignores
     p_cpu = np.asarray(pcv, dtype=np.float64) / 1000.0 if uses_ps else np.ones(1)
-    x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu) if n_ok else None
+    x = None
+    if n_ok:
+        gkey = (tuple(wv), tuple(pv), tuple(wcv), tuple(pcv))
+        x = memo.grids.get(gkey) if memo is not None else None
+        if x is None:
+            x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu)
+            if memo is not None:
+                memo.keep_grid(gkey, x)
     # the current configuration: its grid point when the axes hold it (element-wise, the
     # grid's arithmetic is that of a one-point grid), else on its own one-point grid
     at_cur = _grid_index(
