@@ -47,6 +47,7 @@ from dlrover_core.types import (
 SAMPLE_ACTION = "sample:"
 REVERT_ACTION = "revert"
 BOTTLENECK_ACTION = "bottleneck"
+BEST_MEASURED_ACTION = "best_measured"
 
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
@@ -267,6 +268,11 @@ class Planner:
             # waiting on nothing): act on it rather than keep a slow configuration
             nxt = self._bottleneck_move(current, [*prior_samples, *samples], observations,
                                         past_plans, now_s, left_s, note)  # fmt: skip
+        if nxt is None and not trusted:
+            # nothing to sample and no rule applies: never stay clearly slower than a
+            # configuration this run measured (a sample can be a plain downgrade, e.g. PS at
+            # half the CPU when the quota or the PS cap leaves their count unchanged)
+            nxt = self._best_measured(current, samples, here, past_plans, now_s, left_s, note)
         return PlanDecision(nxt, (note,), model, next_check_s=None if nxt is not None else settle)
 
     def _bottleneck_move(
@@ -308,6 +314,68 @@ class Planner:
                 action=BOTTLENECK_ACTION,
             )
         return None
+
+    def _best_measured(
+        self,
+        current: ResourcePlan,
+        samples: Sequence[Sample],
+        here: Sequence[Sample],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+        left_s: float | None,
+        why: str,
+    ) -> ResourcePlan | None:
+        """Back to the fastest configuration this run measured, when it was at least
+        ``faster_min_speedup`` faster than the current one's measured speed and the time it
+        saves beats its pause (as :meth:`_worth_it`, on measured speeds)."""
+        cfg = self.config
+        x_now = _mean_tput(here)
+        if x_now is None or x_now <= 0 or left_s is None:
+            return None
+        cur_key = scaling.plan_key(current)
+        avoid = abandoned_keys([*past_plans, current])
+        speeds: dict[scaling.ConfigKey, list[float]] = {}
+        for s in samples:
+            speeds.setdefault(scaling.sample_key(s), []).append(s.throughput_sps)
+        best = max(
+            ((sum(v) / len(v), k) for k, v in speeds.items() if k != cur_key and k not in avoid),
+            default=None,
+        )
+        if best is None or best[0] < x_now * (1 + cfg.faster_min_speedup):
+            return None
+        x_best, key = best
+        prev = next((p for p in reversed(past_plans) if scaling.plan_key(p) == key), None)
+        if prev is None:
+            return None
+        w = RolePlan(prev.workers.count, dataclasses.replace(
+            prev.workers.resources,
+            memory_mib=max(prev.workers.resources.memory_mib, current.workers.resources.memory_mib),
+        ))  # fmt: skip
+        p = RolePlan(prev.ps.count, dataclasses.replace(
+            prev.ps.resources,
+            memory_mib=max(prev.ps.resources.memory_mib, current.ps.resources.memory_mib),
+        ))  # fmt: skip
+        w2, p2, _ = self.bounds.fit(w, p)
+        if (w2, p2) != (w, p):
+            return None
+        pause = cfg.ps_change_pause_s if p != current.ps else cfg.worker_change_pause_s
+        saved = left_s - (pause + left_s * x_now / x_best)
+        need = max(cfg.min_saved_fraction * left_s, cfg.min_saved_pause_multiple * pause)
+        if saved < need:
+            return None
+        return current.replace(
+            workers=w,
+            ps=p,
+            overrides=(),
+            stage=Stage.SCALING,
+            reasons=(
+                f"back to the fastest measured configuration: {x_best:,.0f} vs {x_now:,.0f} "
+                f"samples/s now, saves ~{saved / 60:.0f} min ({why})",
+            ),
+            predicted_throughput_sps=x_best,
+            created_at_s=now_s,
+            action=BEST_MEASURED_ACTION,
+        )
 
     def monitor(
         self,
