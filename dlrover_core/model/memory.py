@@ -56,6 +56,11 @@ class IdGrowthModel:
                 f"samples-seen points, got {len(set(n.tolist()))}; record distinct_ids at "
                 "several points of training (every runtime sample carries it)"
             )
+        return self._fit_checked(n, u)
+
+    def _fit_checked(self, n: FloatArray, u: FloatArray) -> Self:
+        """The fit on points already checked (finite, > 0, at >= ``min_points`` distinct
+        samples-seen values): what :meth:`fit` does after its checks."""
         x, y = np.log(n), np.log(u)
         xm, ym = float(x.mean()), float(y.mean())
         beta = float(np.sum((x - xm) * (y - ym)) / np.sum((x - xm) ** 2))

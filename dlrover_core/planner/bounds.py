@@ -86,8 +86,7 @@ class JobBounds:
         if (w.total + p.total).fits_in(self.quota):
             return w, p, notes
         # Too big: first fewer workers, then smaller nodes, keeping pinned values.
-        while not (w.total + p.total).fits_in(self.quota) and w.count > self.workers.count(0):
-            w = RolePlan(w.count - 1, w.resources)
+        w = RolePlan(_most_that_fit(w, p.total, self.quota, self.workers.count(0)), w.resources)
         scale = 1.0
         for _ in range(40):
             if (w.total + p.total).fits_in(self.quota):
@@ -100,10 +99,27 @@ class JobBounds:
             # nodes, pins kept; the spec's check guarantees the minimum job fits
             w = self.workers.clamp(RolePlan(w.count, ZERO))
             p = self.ps.clamp(RolePlan(p.count, ZERO))
-        while not (w.total + p.total).fits_in(self.quota) and p.count > self.ps.count(0):
-            p = RolePlan(p.count - 1, p.resources)
+        p = RolePlan(_most_that_fit(p, w.total, self.quota, self.ps.count(0)), p.resources)
         notes.append(f"shrunk to fit the quota ({self.quota})")
         return w, p, notes
+
+
+def _most_that_fit(rp: RolePlan, other: NodeResources, quota: NodeResources, lo: int) -> int:
+    """The largest count in [lo, rp.count] at which ``rp`` beside ``other`` fits in the quota
+    (``lo`` when none does; ``rp.count`` when it is at or below ``lo``): what removing one
+    node at a time until it fits gives, in closed form (totals are exact integer products)."""
+    if rp.count <= lo:
+        return rp.count
+    n = rp.count
+    for per, used, cap in (
+        (rp.resources.cpu_millicores, other.cpu_millicores, quota.cpu_millicores),
+        (rp.resources.memory_mib, other.memory_mib, quota.memory_mib),
+    ):
+        if per > 0:
+            n = min(n, (cap - used) // per)
+        elif used > cap:
+            n = lo
+    return max(lo, n)
 
 
 def _scaled(r: NodeResources, k: float) -> NodeResources:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlrover_core.errors import DLRoverError
+import numpy as np
+
 from dlrover_core.model.memory import IdGrowthModel, PSMemoryModel, WorkerMemoryModel
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import NodeState, Observation, Role
@@ -78,17 +79,18 @@ def _summaries(
 def id_growth_from(
     observations: Sequence[Observation] | Sequence[ObservedMemory],
 ) -> IdGrowthModel | None:
-    pts = [
-        (o.samples_done, o.distinct_ids)
-        for o in observations
-        if o.distinct_ids is not None and o.samples_done > 0 and o.distinct_ids > 0
-    ]
-    if len({n for n, _ in pts}) < 2:
+    ns: list[float] = []
+    us: list[float] = []
+    for o in observations:
+        if o.distinct_ids is not None and o.samples_done > 0 and o.distinct_ids > 0:
+            ns.append(float(o.samples_done))
+            us.append(float(o.distinct_ids))
+    if len(set(ns)) < IdGrowthModel.min_points:
         return None
-    try:
-        return IdGrowthModel().fit([float(n) for n, _ in pts], [float(u) for _, u in pts])
-    except DLRoverError:
-        return None
+    # whole counts > 0 at >= 2 distinct points: what IdGrowthModel.fit checks holds
+    return IdGrowthModel()._fit_checked(
+        np.asarray(ns, dtype=np.float64), np.asarray(us, dtype=np.float64)
+    )
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dlrover_core.planner.memory_sizing import (
     ps_memory_from_fit,
     worker_memory_mib,
 )
-from dlrover_core.planner.post_scaling import post_scale
+from dlrover_core.planner.post_scaling import StragglerMemo, post_scale
 from dlrover_core.planner.warm_start import initial_plan, similar_runs
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
@@ -47,6 +47,7 @@ from dlrover_core.types import (
 SAMPLE_ACTION = "sample:"
 REVERT_ACTION = "revert"
 BOTTLENECK_ACTION = "bottleneck"
+BEST_MEASURED_ACTION = "best_measured"
 
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
@@ -102,6 +103,10 @@ class Planner:
         # id() with the object kept, so a recycled id never matches
         self._summary: dict[int, tuple[Observation, ObservedMemory]] = {}
         self._last_summaries: list[ObservedMemory] = []
+        # grid searches of the latest model (a model is kept until the evidence changes, and
+        # the same grid with the same memory per node gives the same result)
+        self._search_memo = scaling.SearchMemo()
+        self._stragglers: StragglerMemo = {}
 
     def _summaries(self, observations: Sequence[Observation]) -> list[ObservedMemory]:
         old = self._summary
@@ -115,6 +120,13 @@ class Planner:
             out.append(hit[1])
         self._summary = new
         return out
+
+    def _straggler_memo(self, observations: Sequence[Observation]) -> StragglerMemo:
+        """The stragglers of the observations still in the window (older ones dropped)."""
+        live = {id(o) for o in observations}
+        for k in [k for k in self._stragglers if k not in live]:
+            del self._stragglers[k]
+        return self._stragglers
 
     def _memory_fits(self, observations: Sequence[Observation]) -> tuple[PSMemoryFit, int]:
         key = (
@@ -203,6 +215,7 @@ class Planner:
             past_plans=past_plans,
             ps_fit=self._memory_fits(observations)[0],
             bounds=self.bounds,
+            straggler_memo=self._straggler_memo(observations),
         )
         if urgent is not None:
             return PlanDecision(urgent)
@@ -255,6 +268,11 @@ class Planner:
             # waiting on nothing): act on it rather than keep a slow configuration
             nxt = self._bottleneck_move(current, [*prior_samples, *samples], observations,
                                         past_plans, now_s, left_s, note)  # fmt: skip
+        if nxt is None and not trusted:
+            # nothing to sample and no rule applies: never stay clearly slower than a
+            # configuration this run measured (a sample can be a plain downgrade, e.g. PS at
+            # half the CPU when the quota or the PS cap leaves their count unchanged)
+            nxt = self._best_measured(current, samples, here, past_plans, now_s, left_s, note)
         return PlanDecision(nxt, (note,), model, next_check_s=None if nxt is not None else settle)
 
     def _bottleneck_move(
@@ -297,6 +315,68 @@ class Planner:
             )
         return None
 
+    def _best_measured(
+        self,
+        current: ResourcePlan,
+        samples: Sequence[Sample],
+        here: Sequence[Sample],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+        left_s: float | None,
+        why: str,
+    ) -> ResourcePlan | None:
+        """Back to the fastest configuration this run measured, when it was at least
+        ``faster_min_speedup`` faster than the current one's measured speed and the time it
+        saves beats its pause (as :meth:`_worth_it`, on measured speeds)."""
+        cfg = self.config
+        x_now = _mean_tput(here)
+        if x_now is None or x_now <= 0 or left_s is None:
+            return None
+        cur_key = scaling.plan_key(current)
+        avoid = abandoned_keys([*past_plans, current])
+        speeds: dict[scaling.ConfigKey, list[float]] = {}
+        for s in samples:
+            speeds.setdefault(scaling.sample_key(s), []).append(s.throughput_sps)
+        best = max(
+            ((sum(v) / len(v), k) for k, v in speeds.items() if k != cur_key and k not in avoid),
+            default=None,
+        )
+        if best is None or best[0] < x_now * (1 + cfg.faster_min_speedup):
+            return None
+        x_best, key = best
+        prev = next((p for p in reversed(past_plans) if scaling.plan_key(p) == key), None)
+        if prev is None:
+            return None
+        w = RolePlan(prev.workers.count, dataclasses.replace(
+            prev.workers.resources,
+            memory_mib=max(prev.workers.resources.memory_mib, current.workers.resources.memory_mib),
+        ))  # fmt: skip
+        p = RolePlan(prev.ps.count, dataclasses.replace(
+            prev.ps.resources,
+            memory_mib=max(prev.ps.resources.memory_mib, current.ps.resources.memory_mib),
+        ))  # fmt: skip
+        w2, p2, _ = self.bounds.fit(w, p)
+        if (w2, p2) != (w, p):
+            return None
+        pause = cfg.ps_change_pause_s if p != current.ps else cfg.worker_change_pause_s
+        saved = left_s - (pause + left_s * x_now / x_best)
+        need = max(cfg.min_saved_fraction * left_s, cfg.min_saved_pause_multiple * pause)
+        if saved < need:
+            return None
+        return current.replace(
+            workers=w,
+            ps=p,
+            overrides=(),
+            stage=Stage.SCALING,
+            reasons=(
+                f"back to the fastest measured configuration: {x_best:,.0f} vs {x_now:,.0f} "
+                f"samples/s now, saves ~{saved / 60:.0f} min ({why})",
+            ),
+            predicted_throughput_sps=x_best,
+            created_at_s=now_s,
+            action=BEST_MEASURED_ACTION,
+        )
+
     def monitor(
         self,
         current: ResourcePlan,
@@ -315,6 +395,7 @@ class Planner:
             past_plans=past_plans,
             ps_fit=self._memory_fits(observations)[0],
             bounds=self.bounds,
+            straggler_memo=self._straggler_memo(observations),
         )
         return PlanDecision(urgent, () if urgent is not None else ("stage 3: nothing to fix",))
 
@@ -554,7 +635,11 @@ class Planner:
 
         if memory_from is not None and not observations:
             w_mem = max(w_mem, memory_from.workers.resources.memory_mib)
-        return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
+        if memory_from is not None:  # ps_mem then also reads the base plan: not memoised
+            return scaling.search(model, current, self.bounds, cfg, w_mem, ps_mem, limits)
+        return scaling.search(
+            model, current, self.bounds, cfg, w_mem, ps_mem, limits, self._search_memo
+        )
 
     def _scaled_plan(
         self,

@@ -26,6 +26,9 @@ from dlrover_core.types import (
     Stage,
 )
 
+# id(observation) -> (the observation, the straggler ratio, the stragglers it shows)
+StragglerMemo = dict[int, tuple[Observation, float, frozenset[int]]]
+
 
 def _recent(observations: Sequence[Observation], since_s: float, k: int) -> list[Observation]:
     fresh = [o for o in observations if o.time_s > since_s]
@@ -77,16 +80,19 @@ def post_scale(
     past_plans: Sequence[ResourcePlan] = (),
     ps_fit: PSMemoryFit | None = None,
     bounds: JobBounds | None = None,
+    straggler_memo: StragglerMemo | None = None,
 ) -> ResourcePlan | None:
-    """``ps_fit``: the PS memory fit of these observations when the caller has made it."""
+    """``ps_fit``: the PS memory fit of these observations when the caller has made it.
+    ``straggler_memo``: each observation's stragglers, kept by a caller that re-checks a
+    sliding window (an observation's verdict never changes)."""
     bounds = bounds or JobBounds.from_spec(spec)
     plan = _pending(spec, cfg, bounds, current, observations, now_s)
     if plan is None:
         plan = _ps_memory(spec, cfg, bounds, current, observations, now_s, ps_fit)
-    for check in (_hot_ps, _stragglers):
-        if plan is not None:
-            return plan
-        plan = check(spec, cfg, bounds, current, observations, now_s)
+    if plan is None:
+        plan = _hot_ps(spec, cfg, bounds, current, observations, now_s)
+    if plan is None:
+        plan = _stragglers(spec, cfg, bounds, current, observations, now_s, straggler_memo)
     if plan is not None:
         return plan
     # shrinking idle PS only saves cost: never while configurations are being sampled (the
@@ -281,15 +287,22 @@ def _stragglers(
     current: ResourcePlan,
     observations: Sequence[Observation],
     now_s: float,
+    memo: StragglerMemo | None = None,
 ) -> ResourcePlan | None:
     window = _recent(observations, current.created_at_s, cfg.hot_window)
     if not window:
         return None
     slow: set[int] | None = None
     for o in window:
-        speeds = {n.node_id: n.throughput_sps for n in o.of(Role.WORKER)}
-        s = set(find_stragglers(speeds, ratio=cfg.straggler_ratio))
-        slow = s if slow is None else slow & s
+        hit = memo.get(id(o)) if memo is not None else None
+        if hit is not None and hit[0] is o and hit[1] == cfg.straggler_ratio:
+            found = hit[2]
+        else:
+            speeds = {n.node_id: n.throughput_sps for n in o.of(Role.WORKER)}
+            found = frozenset(find_stragglers(speeds, ratio=cfg.straggler_ratio))
+            if memo is not None:
+                memo[id(o)] = (o, cfg.straggler_ratio, found)
+        slow = set(found) if slow is None else slow & found
     # a node replaced once already is not replaced again (it was not the node's fault)
     slow = {
         i

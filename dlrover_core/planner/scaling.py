@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -117,6 +118,39 @@ class SearchResult:
         return math.exp(self.objective - self.current_objective) - 1.0
 
 
+@dataclass
+class SearchMemo:
+    """What searches with one model can share: whole results (the same grid, memory per node
+    and guards give the same result) and the predicted grids (the model's predictions depend
+    on the axes alone, not on memory or guards). :meth:`for_model` forgets them when the
+    model changes."""
+
+    model: ThroughputModel | None = None
+    results: dict[tuple[object, ...], SearchResult] = dataclasses.field(default_factory=dict)
+    grids: dict[tuple[tuple[int, ...], ...], FloatArray] = dataclasses.field(default_factory=dict)
+
+    max_grids: ClassVar[int] = 2  # the worker-only and the free search of one check
+    max_results: ClassVar[int] = 64
+
+    def keep_grid(self, key: tuple[tuple[int, ...], ...], x: FloatArray) -> None:
+        while len(self.grids) >= self.max_grids:
+            del self.grids[next(iter(self.grids))]
+        x.flags.writeable = False
+        self.grids[key] = x
+
+    def keep_result(self, key: tuple[object, ...], res: SearchResult) -> None:
+        while len(self.results) >= self.max_results:
+            del self.results[next(iter(self.results))]
+        self.results[key] = res
+
+    def for_model(self, model: ThroughputModel) -> SearchMemo:
+        if model is not self.model:
+            self.results.clear()
+            self.grids.clear()
+            self.model = model
+        return self
+
+
 @dataclass(frozen=True)
 class SearchLimits:
     """Which moves pacing and the guards allow this time."""
@@ -138,7 +172,10 @@ def search(
     worker_memory_mib: int,
     ps_memory_mib: Callable[[int], int],
     limits: SearchLimits = SearchLimits(),
+    memo: SearchMemo | None = None,
 ) -> SearchResult:
+    """``memo``: results of earlier searches with this model, reused when the grid, the
+    memory per node and the guards are the same (a search is a pure function of them)."""
     cw, cp = current.workers, current.ps
     uses_ps = bounds.ps.max_count > 0
     wv = _count_values(bounds.workers, cw.count, limits.change_workers, limits.max_worker_step)
@@ -188,7 +225,41 @@ def search(
     p_mem_of = {p: (bounds.ps.memory(ps_memory_mib(p)) if p > 0 else 0) for p in pv}
     if not limits.change_ps:
         p_mem_of = {p: cp.resources.memory_mib for p in pv}
+    key: tuple[object, ...] = ()
+    if memo is not None:
+        memo = memo.for_model(model)
+        key = (
+            tuple(wv), tuple(pv), tuple(wcv), tuple(pcv), w_mem,
+            tuple(p_mem_of[p] for p in pv), limits.ps_capacity_floor, limits.avoid, cw, cp,
+            bounds.quota, cfg.min_elasticity, cfg.memory_gib_per_core, cfg.faster_min_speedup,
+        )  # fmt: skip
+        hit = memo.results.get(key)
+        if hit is not None:
+            return hit
+    res = _evaluate(model, current, bounds, cfg, limits, wv, pv, wcv, pcv, w_mem, p_mem_of, memo)
+    if memo is not None:
+        memo.keep_result(key, res)
+    return res
 
+
+def _evaluate(
+    model: ThroughputModel,
+    current: ResourcePlan,
+    bounds: JobBounds,
+    cfg: PlannerConfig,
+    limits: SearchLimits,
+    wv: list[int],
+    pv: list[int],
+    wcv: list[int],
+    pcv: list[int],
+    w_mem: int,
+    p_mem_of: dict[int, int],
+    memo: SearchMemo | None = None,
+) -> SearchResult:
+    """The objective on the grid of the four axes; the best point (and the best clearly
+    faster one when the best is not)."""
+    cw, cp = current.workers, current.ps
+    uses_ps = bounds.ps.max_count > 0
     # the grid as four broadcast axes (workers, PS, CPU per worker, CPU per PS): every
     # quantity below is a sum of per-axis terms, so no 4 × n design matrix is built
     W = np.asarray(wv, dtype=np.float64).reshape(-1, 1, 1, 1)
@@ -217,9 +288,29 @@ def search(
     )
     in_span = not model.span_problems(cur)
     n_ok = int(np.count_nonzero(ok))
-    # the current configuration on its own one-point grid: the grid's arithmetic
-    x_cur = (
-        float(
+    # no PS (all-reduce): a placeholder PS CPU the model ignores
+    p_cpu = np.asarray(pcv, dtype=np.float64) / 1000.0 if uses_ps else np.ones(1)
+    x = None
+    if n_ok:
+        gkey = (tuple(wv), tuple(pv), tuple(wcv), tuple(pcv))
+        x = memo.grids.get(gkey) if memo is not None else None
+        if x is None:
+            x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu)
+            if memo is not None:
+                memo.keep_grid(gkey, x)
+    # the current configuration: its grid point when the axes hold it (element-wise, the
+    # grid's arithmetic is that of a one-point grid), else on its own one-point grid
+    at_cur = _grid_index(
+        (wv, pv, wcv, pcv),
+        (cw.count, cp.count, cw.resources.cpu_millicores, cp.resources.cpu_millicores),
+        uses_ps,
+    )
+    if not in_span:
+        x_cur = 0.0
+    elif x is not None and at_cur is not None:
+        x_cur = float(x[at_cur])
+    else:
+        x_cur = float(
             model.predict_grid(
                 [cw.count],
                 [cp.count],
@@ -227,9 +318,6 @@ def search(
                 [cp.resources.cpu_millicores / 1000 if uses_ps else 1.0],
             )[0, 0, 0, 0]
         )
-        if in_span
-        else 0.0
-    )
     c_cur = float(
         cost(
             cw.count,
@@ -248,14 +336,15 @@ def search(
         return math.log(max(x_now, 1e-12)) - cfg.min_elasticity * math.log(max(c_cur, 1e-12))
 
     j_cur = objective_now(x_cur)
-    if not n_ok:
+    if x is None:
         return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
-    # no PS (all-reduce): a placeholder PS CPU the model ignores
-    p_cpu = np.asarray(pcv, dtype=np.float64) / 1000.0 if uses_ps else np.ones(1)
-    x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu)
-    c = cost(W, P, WC, PC, float(w_mem), PM, cfg.memory_gib_per_core)
-    j = np.log(np.maximum(x, 1e-12)) - cfg.min_elasticity * np.log(np.maximum(c, 1e-12))
-    j = np.where(ok, j, -np.inf)
+    # cost() on the grid, reusing its CPU total (the same expression, element by element)
+    c = tot_cpu / 1000.0 + tot_mem / 1024.0 / cfg.memory_gib_per_core
+    log_c = np.log(np.maximum(c, 1e-12, out=c), out=c)
+    log_c *= cfg.min_elasticity
+    j = np.log(np.maximum(x, 1e-12))
+    j -= log_c
+    j[~ok] = -np.inf
 
     def at(flat: int, n: int) -> SearchResult:
         iw, ip, iwc, ipc = np.unravel_index(flat, j.shape)
@@ -273,6 +362,25 @@ def search(
         if np.isfinite(jf.flat[k]):
             faster = at(k, n_ok)
     return dataclasses.replace(best, faster=faster) if faster is not None else best
+
+
+def _grid_index(
+    axes: tuple[list[int], list[int], list[int], list[int]],
+    point: tuple[int, int, int, int],
+    uses_ps: bool,
+) -> tuple[int, int, int, int] | None:
+    """Where ``point`` (workers, PS, CPU per worker and per PS in millicores) lies on the
+    grid's axes, or None. Without PS the PS CPU axis is a placeholder of one value."""
+    out = []
+    for k, (vals, v) in enumerate(zip(axes, point, strict=True)):
+        if not uses_ps and k == 3:
+            out.append(0)
+            continue
+        try:
+            out.append(vals.index(v))
+        except ValueError:
+            return None
+    return (out[0], out[1], out[2], out[3])
 
 
 # --- sampling: configurations to try before the model can be trusted --------------------

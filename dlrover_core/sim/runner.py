@@ -20,6 +20,7 @@ from dlrover_core.sim.engine import Engine, EngineConfig, cluster_capacity
 from dlrover_core.sim.policies import POLICIES
 from dlrover_core.sim.registry import policy_factories, unavailable_policies
 from dlrover_core.sim.trace import TraceJob, generate_trace
+from dlrover_core.sim.truth import OracleConfig
 
 METRICS = (
     "jct_median_s",
@@ -109,6 +110,28 @@ _JOBS: list[TraceJob] = []
 _COST_ORDER = {"dlrover-rm": 0, "vpa": 1, "dlrover-oss": 2, "autopilot": 3, "optimus": 4}
 
 
+def _oracle_of(i: int) -> OracleConfig:
+    j = _JOBS[i]
+    return j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
+
+
+def _warm_oracles(jobs: Sequence[TraceJob], processes: int) -> None:
+    """Each job's oracle configuration (a grid search per job, needed by every policy's
+    metrics), computed once before the policies fork: split over ``processes`` when the
+    trace is large enough to pay for a pool (same values: the search is deterministic)."""
+    global _JOBS
+    if processes > 1 and len(jobs) >= 200 and "fork" in mp.get_all_start_methods():
+        _JOBS = list(jobs)
+        chunk = -(-len(jobs) // processes)
+        with mp.get_context("fork").Pool(processes) as pool:
+            found = pool.map(_oracle_of, range(len(jobs)), chunksize=chunk)
+        for j, cfg in zip(jobs, found, strict=True):
+            j.truth.remember_oracle(j.quota.cpu_cores, j.quota.memory_mib, cfg)
+        return
+    for j in jobs:
+        j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
+
+
 def _worker(args: tuple[str, int]) -> tuple[str, dict[str, Any]]:
     name, seed = args
     return name, run_policy(_JOBS, name, seed)
@@ -133,8 +156,8 @@ def simulate(
     if unknown:
         raise KeyError(f"unknown policies {unknown}; registered: {', '.join(table)}")
     jobs = generate_trace(n_jobs, seed)
-    for j in jobs:  # warm the oracle cache before forking
-        j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
+    parallel = processes > 1 and len(names) > 1
+    _warm_oracles(jobs, processes if parallel else 1)  # before the policies fork
     _JOBS = jobs
     results: dict[str, dict[str, Any]] = {}
     if processes > 1 and len(names) > 1 and "fork" in mp.get_all_start_methods():

@@ -176,8 +176,12 @@ class JobTruth:
         pbase = np.minimum(0.5 * self.o_p, ps_cpus)
         eff_p = np.asarray(self.eff_ps(ps_cpus))
         shares = self.load_shares(int(ps_cpus.size))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rho_p = np.where(eff_p > 0, np.minimum(1.0, x * self.c_p * shares / eff_p), 0.0)
+        # a PS with no effective CPU does no work (divided by 1 there, then masked: the other
+        # PS' values are the same operations; cheaper than an errstate context per call)
+        busy = eff_p > 0
+        rho_p = np.where(
+            busy, np.minimum(1.0, x * self.c_p * shares / np.where(busy, eff_p, 1.0)), 0.0
+        )
         p_used = pbase + rho_p * self._busy_cores(ps_cpus, eff_p, 0.5 * self.o_p)
         return np.minimum(w_used, worker_cpus), np.minimum(p_used, ps_cpus)
 
@@ -205,6 +209,13 @@ class JobTruth:
         return float(self.ps_oom_samples_each(p, ps_limits_mib).min())
 
     # ---- oracle ----------------------------------------------------------------------
+    def remember_oracle(
+        self, quota_cpu_cores: float, quota_memory_mib: float, cfg: OracleConfig
+    ) -> None:
+        """Keep an oracle configuration computed elsewhere (e.g. in a worker process) for
+        this quota: :meth:`oracle_config` returns it without a search."""
+        self._oracle[(int(quota_cpu_cores * 1000), int(quota_memory_mib))] = cfg
+
     def oracle_config(self, quota_cpu_cores: float, quota_memory_mib: float) -> OracleConfig:
         """Best configuration within the quota, knowing the truth.
 

@@ -8,7 +8,7 @@ import pytest
 from dlrover_core.model.throughput import PSExtendedThroughputModel, PSThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
 from dlrover_core.planner.bounds import JobBounds
-from dlrover_core.planner.planner import BOTTLENECK_ACTION
+from dlrover_core.planner.planner import BEST_MEASURED_ACTION, BOTTLENECK_ACTION
 from dlrover_core.planner.scaling import bottleneck_candidates
 from dlrover_core.types import Stage
 from tests.factories import exact_samples, make_obs, make_plan, make_spec
@@ -89,3 +89,39 @@ def test_predict_grid_equals_predict_many(cls: type[PSThroughputModel]) -> None:
     rows = np.array([(w, p, a, b) for w in ws for p in ps for a in wcs for b in pcs])
     assert grid.shape == (4, 3, 3, 3)
     np.testing.assert_allclose(grid.ravel(), m.predict_many(rows), rtol=1e-12)
+
+
+def test_untrusted_model_goes_back_to_a_clearly_faster_measured_configuration() -> None:
+    """Seed 1's worst job: a sample left 15 PS at half their CPU (the PS cap kept the count)
+    and ran at half the speed; no model could be trusted, nothing was left to sample and no
+    bottleneck rule applied, so it stayed there for days. Now: back to the configuration this
+    run measured at twice the speed."""
+    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    cfg = PlannerConfig.from_spec(spec, max_trust_rel_error=0.0, max_sampling_configs=0)
+    planner = Planner(spec, cfg)
+    fast = make_plan((4, 2000, 4096), (2, 1000, 8192), created_at_s=0.0, stage=Stage.SCALING)
+    cur = make_plan((4, 2000, 4096), (2, 500, 8192), created_at_s=600.0, stage=Stage.SAMPLING)
+    samples = []
+    for i, (plan, x) in enumerate([(fast, 400.0), (cur, 200.0)]):
+        for r in range(4):
+            s = exact_samples({"a0": 0.1, "a1": 0.001, "b1": 0.001, "b2": 0.0, "b3": 0.0},
+                              [(4, 2, 2.0, plan.ps.resources.cpu_cores)])[0]  # fmt: skip
+            samples.append(type(s)(**{**s.__dict__, "throughput_sps": x * (1 + 0.05 * (r - 1.5)),
+                                      "timestamp_s": 600.0 * i + 60.0 * r}))  # fmt: skip
+    # PS busy but not all hot, and not idle: no bottleneck rule applies
+    obs = [
+        make_obs(t, ps_util=(0.88, 0.86), ps_cpu=500, worker_speeds=[50.0] * 4, samples_total=10**9)
+        for t in (1200.0, 1260.0, 1320.0)
+    ]
+    d = planner.replan(cur, obs, samples, 1400.0, [fast, cur])
+    assert d.plan is not None, d.notes
+    assert d.plan.action == BEST_MEASURED_ACTION
+    assert (d.plan.workers.count, d.plan.ps.count, d.plan.ps.resources.cpu_millicores) == (
+        4,
+        2,
+        1000,
+    )
+    # and not from the faster configuration itself (no oscillation: it is the best measured)
+    d2 = Planner(spec, cfg).replan(fast.replace(created_at_s=1400.0), obs, samples, 2000.0,
+                                   [fast, cur, fast.replace(created_at_s=1400.0)])  # fmt: skip
+    assert d2.plan is None or d2.plan.action != BEST_MEASURED_ACTION
