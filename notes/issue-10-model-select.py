@@ -6,6 +6,7 @@ Runs dlrover-rm alone in the simulator with the factory's selection rule swapped
         | train (overlap from 5 configurations when its training error is the lower)
         | loo   (lower leave-one-configuration-out error)
         | cv5   (lower 5-fold cross-validated error over configurations; = loo up to 5)
+        | cv3   (the same with 3 folds)
         | aicc  (lower AICc on the per-configuration mean log errors)
 """
 
@@ -46,8 +47,8 @@ def _aicc_cfg(m, samples: Sequence[Sample]) -> float:
 
 
 def factory(samples, strategy, batch_size):
-    if rule in ("loo", "cv5"):
-        pl.OVERLAP_FOLDS = None if rule == "loo" else 5
+    if rule in ("loo", "cv5", "cv3"):
+        pl.OVERLAP_FOLDS = {"loo": None, "cv5": 5, "cv3": 3}[rule]
         m = pl.default_model_factory(samples, strategy, batch_size)
     else:
         m = (
