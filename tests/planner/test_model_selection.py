@@ -19,6 +19,7 @@ from dlrover_core.model.throughput import (
     ThroughputModel,
 )
 from dlrover_core.planner import PlannerConfig
+from dlrover_core.planner import planner as planner_mod
 from dlrover_core.planner.bounds import JobBounds
 from dlrover_core.planner.planner import (
     OVERLAP_MIN_CONFIGS,
@@ -46,15 +47,40 @@ def test_overlap_model_chosen_when_it_predicts_held_out_configurations_better() 
 
 
 def test_baseline_kept_when_the_overlap_model_predicts_no_better() -> None:
-    # exact paper-form data: both predict every held-out configuration exactly; a tie is no
-    # evidence for three more terms and an exponent
-    samples = exact_samples(PS_COEF, GRID_CONFIGS[:30])
+    # exact paper-form data on 12 configurations: both predict every held-out configuration
+    # exactly; a tie is no evidence for three more terms and an exponent
+    pick = np.random.default_rng(0).permutation(len(GRID_CONFIGS))[:12]
+    samples = exact_samples(PS_COEF, [GRID_CONFIGS[i] for i in pick])
     model = default_model_factory(samples, "ps", B)
     assert type(model) is PSExtendedThroughputModel
     assert model.predict(8, 2, 2.0, 2.0).throughput_sps == pytest.approx(
         PSThroughputModel(batch_size=B).fit(samples).predict(8, 2, 2.0, 2.0).throughput_sps,
         rel=1e-6,
     )
+
+
+def test_no_overlap_fit_when_the_baseline_shows_no_lack_of_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 30 configurations (≥ twice the overlap model's parameters) reproduced exactly: the
+    # overlap model is not even fitted (what keeps an offline plan on a rich profile fast)
+    calls: list[int] = []
+
+    def overlap(samples: Sequence[Sample], batch_size: int) -> ThroughputModel:
+        calls.append(len(samples))
+        return PSOverlapThroughputModel(batch_size=batch_size).fit(samples)
+
+    monkeypatch.setattr(planner_mod, "_overlap_ps_model", overlap)
+    samples = exact_samples(PS_COEF, GRID_CONFIGS[:30])
+    assert type(default_model_factory(samples, "ps", B)) is PSExtendedThroughputModel
+    assert calls == []
+    # with 3 % noise there is lack of fit to weigh: the overlap model is cross-validated
+    noisy = [
+        Sample(*s.config, s.throughput_sps * (1 + 0.03 * z), batch_size=B)
+        for s, z in zip(samples, np.random.default_rng(0).standard_normal(30), strict=True)
+    ]
+    default_model_factory(noisy, "ps", B)
+    assert len(calls) in (5, 6)  # five folds, and the full fit if it is chosen
 
 
 def test_overlap_model_not_weighed_below_its_minimum_configurations() -> None:
