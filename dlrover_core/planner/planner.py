@@ -140,6 +140,16 @@ def default_model_factory(
         # nothing left for its extra terms to explain (and its fits are not paid for)
         return base
 
+    try:
+        overlap = _overlap_ps_model(samples, batch_size)
+    except DLRoverError:
+        return base
+    used = {n for n, c in overlap.coef_.items() if c > 0}
+    if getattr(overlap, "gamma_", 1.0) == 1.0 and used <= set(base.feature_names):
+        # no overlap and none of its extra terms: the baseline's fit over the same columns
+        # (the same least-squares problem), nothing to cross-validate
+        return base
+
     def fit_base(s: Sequence[Sample]) -> ThroughputModel:
         return _baseline_ps_model(s, batch_size)
 
@@ -152,12 +162,7 @@ def default_model_factory(
     if not common:
         return base
     gain = sum(e_base[c] - e_ov[c] for c in common) / len(common)
-    if gain < OVERLAP_MIN_IMPROVEMENT:
-        return base
-    try:
-        return _overlap_ps_model(samples, batch_size)
-    except DLRoverError:
-        return base
+    return overlap if gain >= OVERLAP_MIN_IMPROVEMENT else base
 
 
 @dataclass(frozen=True)
