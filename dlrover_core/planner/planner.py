@@ -68,7 +68,7 @@ def _baseline_ps_model(samples: Sequence[Sample], batch_size: int) -> Throughput
     return fit_throughput_model(samples, "ps", batch_size=batch_size)
 
 
-def _overlap_ps_model(samples: Sequence[Sample], batch_size: int) -> ThroughputModel:
+def _overlap_ps_model(samples: Sequence[Sample], batch_size: int) -> PSOverlapThroughputModel:
     return PSOverlapThroughputModel(batch_size=batch_size).fit(samples)
 
 
@@ -145,7 +145,7 @@ def default_model_factory(
     except DLRoverError:
         return base
     used = {n for n, c in overlap.coef_.items() if c > 0}
-    if getattr(overlap, "gamma_", 1.0) == 1.0 and used <= set(base.feature_names):
+    if overlap.gamma_ == 1.0 and used <= set(base.feature_names):
         # no overlap and none of its extra terms: the baseline's fit over the same columns
         # (the same least-squares problem), nothing to cross-validate
         return base
