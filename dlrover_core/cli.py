@@ -266,7 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     f = msub.add_parser("fit", help="fit the throughput model to a samples CSV")
     f.add_argument("--samples", required=True)
     f.add_argument("--out", required=True, help="model JSON to write")
-    f.add_argument("--strategy", default="ps", choices=["ps", "ps_extended", "allreduce"])
+    f.add_argument(
+        "--strategy", default="ps", choices=["ps", "ps_extended", "ps_overlap", "allreduce"]
+    )
     f.set_defaults(func=cmd_model_fit)
     pr = msub.add_parser("predict", help="predict throughput for configurations (CSV to stdout)")
     pr.add_argument("--model", required=True)

@@ -12,6 +12,7 @@ import pytest
 
 from dlrover_core.cli import main
 from dlrover_core.history.records import record_to_dict
+from dlrover_core.model import model_from_dict
 from dlrover_core.model.samples_io import write_samples_csv
 from dlrover_core.types import HistoryRecord, NodeResources, ResourcePlan, RolePlan, Sample, Stage
 
@@ -120,6 +121,35 @@ def test_model_fit_and_predict_roundtrip(
         w, p, lw, lp = int(r["workers"]), int(r["ps"]), float(r["worker_cpu"]), float(r["ps_cpu"])
         truth = w * B / t_iter(w, p, lw, lp)
         assert float(r["predicted_throughput"]) == pytest.approx(truth, rel=1e-4)
+
+
+def test_model_fit_overlap_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    samples_csv, model_json, configs_csv = (
+        tmp_path / "s.csv",
+        tmp_path / "m.json",
+        tmp_path / "c.csv",
+    )
+    write_samples_csv(samples_csv, make_samples())
+    argv = ["model", "fit", "--samples", str(samples_csv), "--out", str(model_json)]
+    rc, _, _ = run([*argv, "--strategy", "ps_overlap"], capsys)
+    assert rc == 0
+    doc = json.loads(model_json.read_text())
+    assert doc["kind"] == "ps_overlap_throughput" and "gamma" in doc["fitted"]
+    model = model_from_dict(doc)
+    configs_csv.write_text("workers,ps,worker_cpu,ps_cpu\n2,2,2,2\n")
+    rc, out, _ = run(
+        ["model", "predict", "--model", str(model_json), "--configs", str(configs_csv)], capsys
+    )
+    assert rc == 0
+    (row,) = list(csv.DictReader(out.splitlines()))
+    assert float(row["predicted_throughput"]) == pytest.approx(
+        model.predict(2, 2, 2.0, 2.0).throughput_sps, rel=1e-5
+    )
+    # (2, 2, 2, 2) was profiled: the fit reproduces it
+    assert float(row["predicted_throughput"]) == pytest.approx(2 * B / t_iter(2, 2, 2, 2), rel=1e-3)
+    with pytest.raises(SystemExit) as exc:  # argparse: usage and the choices on stderr
+        main([*argv, "--strategy", "nonsense"])
+    assert exc.value.code == 2 and "ps_overlap" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import numpy as np
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.throughput import (
     PSExtendedThroughputModel,
+    PSOverlapThroughputModel,
     ThroughputModel,
     fit_throughput_model,
 )
@@ -52,13 +53,11 @@ BEST_MEASURED_ACTION = "best_measured"
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
 
-def default_model_factory(
-    samples: Sequence[Sample], strategy: str, batch_size: int
-) -> ThroughputModel:
-    """For PS jobs, the extended form (paper form + a light-load PS term, b4·B/λp) once six
+def _baseline_ps_model(samples: Sequence[Sample], batch_size: int) -> ThroughputModel:
+    """The extended form (paper form + a light-load PS term, b4·B/λp) once six
     configurations identify it — it halves the held-out error on queueing-like data
     (tests/model) — and the paper's five-coefficient form before that."""
-    if strategy == "ps" and PSExtendedThroughputModel.count_configs(samples) >= 6:
+    if PSExtendedThroughputModel.count_configs(samples) >= 6:
         # fit it once and keep it when every coefficient was identified (what
         # ``is_identifiable`` would check first, at the cost of a second design and rank)
         try:
@@ -67,7 +66,104 @@ def default_model_factory(
             ext = None
         if ext is not None and ext.full_rank_:
             return ext
-    return fit_throughput_model(samples, strategy, batch_size=batch_size)
+    return fit_throughput_model(samples, "ps", batch_size=batch_size)
+
+
+def _overlap_ps_model(samples: Sequence[Sample], batch_size: int) -> PSOverlapThroughputModel:
+    return PSOverlapThroughputModel(batch_size=batch_size).fit(samples)
+
+
+# the overlap model is weighed from this many distinct configurations (its identifiable
+# part fits from two; leave-one-configuration-out needs some left in every fold)
+OVERLAP_MIN_CONFIGS = 5
+# at most this many cross-validation folds (two fits each): the cost stays bounded as the
+# configurations accumulate (up to five configurations it is leave-one-out)
+OVERLAP_FOLDS: int | None = 5
+# and chosen only when its mean held-out error is lower by at least this much (half a point
+# of MAPE): a smaller difference is rounding or noise, not worth the extra parameters
+OVERLAP_MIN_IMPROVEMENT = 0.005
+
+
+def held_out_errors(
+    fit: Callable[[Sequence[Sample]], ThroughputModel],
+    samples: Sequence[Sample],
+    folds: int | None = None,
+) -> dict[tuple[int, int, float, float], float]:
+    """Cross-validation over configurations: the distinct configurations, in the order
+    first seen, are dealt into ``folds`` folds (None: one per configuration, i.e.
+    leave-one-configuration-out); the model fitted to the other folds' samples predicts
+    each configuration of a fold. Returns each configuration's absolute relative error
+    against its mean measured throughput; configurations a fold cannot predict (too few
+    configurations left, or an input the others never varied) are left out."""
+    by_cfg: dict[tuple[int, int, float, float], list[Sample]] = {}
+    for s in samples:
+        by_cfg.setdefault(s.config, []).append(s)
+    cfgs = list(by_cfg)
+    k = len(cfgs) if folds is None else max(1, min(folds, len(cfgs)))
+    out: dict[tuple[int, int, float, float], float] = {}
+    for f in range(k):
+        held = set(cfgs[f::k])
+        try:
+            model = fit([s for s in samples if s.config not in held])
+        except DLRoverError:
+            continue
+        for cfg in cfgs[f::k]:
+            own = by_cfg[cfg]
+            b = own[0].batch_size
+            row = np.array([[*cfg, float(b) if b is not None else math.nan]])
+            if model.span_problems(row):
+                continue
+            x_hat = float(model.predict_many(row)[0])
+            x = float(np.mean([s.throughput_sps for s in own]))
+            out[cfg] = abs(x_hat / x - 1.0)
+    return out
+
+
+def default_model_factory(
+    samples: Sequence[Sample], strategy: str, batch_size: int
+) -> ThroughputModel:
+    """For PS jobs, the baseline form (:func:`_baseline_ps_model`) or, from
+    ``OVERLAP_MIN_CONFIGS`` distinct configurations, :class:`PSOverlapThroughputModel` when
+    it predicts held-out configurations better: a mean cross-validated error (folds over
+    configurations, :func:`held_out_errors`) lower by ``OVERLAP_MIN_IMPROVEMENT`` on the
+    configurations both can predict. Its training error is no evidence: having the
+    baseline's terms and more, it is (nearly) always the lower."""
+    if strategy != "ps":
+        return fit_throughput_model(samples, strategy, batch_size=batch_size)
+    base = _baseline_ps_model(samples, batch_size)
+    if PSOverlapThroughputModel.count_configs(samples) < OVERLAP_MIN_CONFIGS:
+        return base
+    if base.relative_error_ < OVERLAP_MIN_IMPROVEMENT and base.n_configs_ >= 2 * len(
+        PSOverlapThroughputModel.feature_names
+    ):
+        # no lack of fit: the baseline reproduces many more configurations than the
+        # overlap model has parameters to within the improvement asked of it, so there is
+        # nothing left for its extra terms to explain (and its fits are not paid for)
+        return base
+
+    try:
+        overlap = _overlap_ps_model(samples, batch_size)
+    except DLRoverError:
+        return base
+    used = {n for n, c in overlap.coef_.items() if c > 0}
+    if overlap.gamma_ == 1.0 and used <= set(base.feature_names):
+        # no overlap and none of its extra terms: the baseline's fit over the same columns
+        # (the same least-squares problem), nothing to cross-validate
+        return base
+
+    def fit_base(s: Sequence[Sample]) -> ThroughputModel:
+        return _baseline_ps_model(s, batch_size)
+
+    def fit_overlap(s: Sequence[Sample]) -> ThroughputModel:
+        return _overlap_ps_model(s, batch_size)
+
+    e_base = held_out_errors(fit_base, samples, OVERLAP_FOLDS)
+    e_ov = held_out_errors(fit_overlap, samples, OVERLAP_FOLDS)
+    common = e_base.keys() & e_ov.keys()
+    if not common:
+        return base
+    gain = sum(e_base[c] - e_ov[c] for c in common) / len(common)
+    return overlap if gain >= OVERLAP_MIN_IMPROVEMENT else base
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]
 
 SPAN_STRETCH = 2.0
 # the coefficients through which each CPU input acts (the model forms' B/λ terms)
-_CPU_TERMS = {"worker_cpu": ("a1",), "ps_cpu": ("b1", "b4")}
+_CPU_TERMS = {"worker_cpu": ("a1", "a2"), "ps_cpu": ("b1", "b4", "b5")}
 
 
 def _within(

@@ -1,0 +1,184 @@
+"""The planner's model choice: the overlap model when it predicts held-out configurations
+better (cross-validated over configurations), the baseline forms otherwise; and the CPU terms
+the search reads cover every CPU feature of the PS forms."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from dlrover_core.errors import TooFewSamplesError
+from dlrover_core.model.throughput import (
+    AllReduceThroughputModel,
+    PSExtendedThroughputModel,
+    PSOverlapThroughputModel,
+    PSThroughputModel,
+    ThroughputModel,
+)
+from dlrover_core.planner import PlannerConfig
+from dlrover_core.planner import planner as planner_mod
+from dlrover_core.planner.bounds import JobBounds
+from dlrover_core.planner.planner import (
+    OVERLAP_MIN_CONFIGS,
+    default_model_factory,
+    held_out_errors,
+)
+from dlrover_core.planner.scaling import _CPU_TERMS, search
+from dlrover_core.types import Sample
+from tests.factories import GRID_CONFIGS, exact_samples, make_plan, make_spec
+from tests.model.test_model_overlap import OV_COEF, overlap_truth
+from tests.model.test_model_throughput import PS_COEF, B, make_samples, split
+
+
+def test_overlap_model_chosen_when_it_predicts_held_out_configurations_better() -> None:
+    train, _ = split()
+    samples = make_samples(train[:20], overlap_truth(OV_COEF, 2.5), noise=0.02)
+    model = default_model_factory(samples, "ps", B)
+    assert isinstance(model, PSOverlapThroughputModel) and model.gamma_ > 1.5
+    # the reason it was chosen: lower cross-validated error, by a wide margin on these data
+    ov = held_out_errors(lambda s: PSOverlapThroughputModel(batch_size=B).fit(s), samples, 5)
+    base = held_out_errors(lambda s: PSExtendedThroughputModel(batch_size=B).fit(s), samples, 5)
+    common = ov.keys() & base.keys()
+    assert len(common) >= 15
+    assert np.mean([ov[c] for c in common]) < 0.5 * np.mean([base[c] for c in common])
+
+
+def test_baseline_kept_when_the_overlap_model_predicts_no_better() -> None:
+    # exact paper-form data on 12 configurations: both predict every held-out configuration
+    # exactly; a tie is no evidence for three more terms and an exponent
+    pick = np.random.default_rng(0).permutation(len(GRID_CONFIGS))[:12]
+    samples = exact_samples(PS_COEF, [GRID_CONFIGS[i] for i in pick])
+    model = default_model_factory(samples, "ps", B)
+    assert type(model) is PSExtendedThroughputModel
+    assert model.predict(8, 2, 2.0, 2.0).throughput_sps == pytest.approx(
+        PSThroughputModel(batch_size=B).fit(samples).predict(8, 2, 2.0, 2.0).throughput_sps,
+        rel=1e-6,
+    )
+
+
+def test_no_overlap_fit_when_the_baseline_shows_no_lack_of_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 30 configurations (≥ twice the overlap model's parameters) reproduced exactly: the
+    # overlap model is not even fitted (what keeps an offline plan on a rich profile fast)
+    calls: list[int] = []
+
+    def overlap(samples: Sequence[Sample], batch_size: int) -> ThroughputModel:
+        calls.append(len(samples))
+        return PSOverlapThroughputModel(batch_size=batch_size).fit(samples)
+
+    monkeypatch.setattr(planner_mod, "_overlap_ps_model", overlap)
+    samples = exact_samples(PS_COEF, GRID_CONFIGS[:30])
+    assert type(default_model_factory(samples, "ps", B)) is PSExtendedThroughputModel
+    assert calls == []
+    # with 3 % noise there is lack of fit to weigh: the overlap model is cross-validated
+    noisy = [
+        Sample(*s.config, s.throughput_sps * (1 + 0.03 * z), batch_size=B)
+        for s, z in zip(samples, np.random.default_rng(0).standard_normal(30), strict=True)
+    ]
+    default_model_factory(noisy, "ps", B)
+    assert len(calls) == 1 + 5  # the full fit, then five folds
+
+
+def test_overlap_model_not_weighed_below_its_minimum_configurations() -> None:
+    train, _ = split()
+    samples = make_samples(
+        train[: OVERLAP_MIN_CONFIGS - 1], overlap_truth(OV_COEF, 2.5), noise=0.02
+    )
+    assert type(default_model_factory(samples, "ps", B)) is PSThroughputModel
+
+
+def test_other_strategies_unchanged() -> None:
+    samples = [
+        Sample(w, 0, lw, 0.0, w * B / (0.01 + 0.002 * B / lw + 0.003 * (w - 1) / w))
+        for w, lw in itertools.product([1, 2, 4, 8], [1.0, 2.0, 4.0])
+    ]
+    assert type(default_model_factory(samples, "allreduce", B)) is AllReduceThroughputModel
+
+
+class Recorder:
+    """A fit that records which configurations each fold was fitted on."""
+
+    def __init__(self) -> None:
+        self.folds: list[set[tuple[int, int, float, float]]] = []
+
+    def __call__(self, samples: Sequence[Sample]) -> ThroughputModel:
+        self.folds.append({s.config for s in samples})
+        return PSThroughputModel(batch_size=B).fit(samples)
+
+
+def test_held_out_errors_folds_over_configurations() -> None:
+    configs = GRID_CONFIGS[:12]
+    samples = exact_samples(PS_COEF, configs, reps=2)  # replicates stay with their config
+    rec = Recorder()
+    errs = held_out_errors(rec, samples)  # leave one configuration out
+    assert len(rec.folds) == 12
+    assert all(set(configs) - f == {c} for f, c in zip(rec.folds, configs, strict=True))
+    # exact data of the fitted form: every held-out configuration is predicted exactly
+    assert set(errs) == set(configs) and max(errs.values()) < 1e-9
+    rec = Recorder()
+    errs = held_out_errors(rec, samples, folds=5)
+    assert len(rec.folds) == 5
+    # configurations dealt in the order first seen: fold f holds configs[f::5]
+    assert [set(configs) - f for f in rec.folds] == [set(configs[f::5]) for f in range(5)]
+    assert set(errs) == set(configs)
+
+
+def test_held_out_errors_leave_out_what_a_fold_cannot_predict() -> None:
+    # only one configuration has 2 PS, only one 2 cores per worker: without either, that
+    # input never varied, so it cannot be predicted; and a fold left with one configuration
+    # cannot be fitted at all
+    configs = [(1, 1, 1.0, 1.0), (2, 1, 1.0, 1.0), (4, 1, 2.0, 1.0), (2, 2, 1.0, 1.0)]
+    samples = exact_samples(PS_COEF, configs)
+    errs = held_out_errors(lambda s: PSThroughputModel(batch_size=B).fit(s), samples)
+    assert set(errs) == {(1, 1, 1.0, 1.0), (2, 1, 1.0, 1.0)}
+    two = exact_samples(PS_COEF, configs[:2])
+    with pytest.raises(TooFewSamplesError):
+        PSThroughputModel(batch_size=B).fit(two[:1])
+    assert held_out_errors(lambda s: PSThroughputModel(batch_size=B).fit(s), two) == {}
+
+
+@pytest.mark.parametrize(
+    "cls", [PSThroughputModel, PSExtendedThroughputModel, PSOverlapThroughputModel]
+)
+@pytest.mark.parametrize(("role", "axis"), [("worker_cpu", 2), ("ps_cpu", 3)])
+def test_cpu_terms_are_exactly_the_features_that_depend_on_cpu(
+    cls: type[PSThroughputModel], role: str, axis: int
+) -> None:
+    m = cls(batch_size=B)
+    x = [4.0, 2.0, 2.0, 2.0]
+    y = list(x)
+    y[axis] = 3.0
+    f1 = m._features_scalar(*x, float(B))
+    f2 = m._features_scalar(*y, float(B))
+    moved = {n for n, a, b in zip(cls.feature_names, f1, f2, strict=True) if a != b}
+    assert moved == set(_CPU_TERMS[role]) & set(cls.feature_names)
+
+
+def test_search_prices_cpu_beyond_the_span_when_only_the_lost_cores_term_acts() -> None:
+    # worker CPU acts only through a2·B/λw² (a1 = 0): the CPU is not free, so the search may
+    # go past twice the profiled CPUs (1–2 cores) to the 8 cores this worker-bound job wants
+    coef = {"a0": 0.01, "a1": 0.0, "a2": 0.02, "b1": 0.0001, "b2": 1e-7, "b3": 0.001}
+
+    def x(w: int, p: int, lw: float, lp: float) -> float:
+        t = (
+            coef["a0"]
+            + coef["a2"] * B / lw**2
+            + coef["b1"] * (w / p) * B / lp
+            + coef["b2"] * (w / p) * B
+            + coef["b3"] * p
+        )
+        return w * B / t
+
+    profile = list(itertools.product([1, 2, 4], [1, 2], [1.0, 1.5, 2.0], [1.0, 2.0, 4.0]))
+    samples = [Sample(*c, x(*c), batch_size=B) for c in profile]
+    model = PSOverlapThroughputModel(batch_size=B, max_overlap=1.0).fit(samples)
+    assert model.coef_["a1"] == pytest.approx(0.0, abs=1e-9)
+    assert model.coef_["a2"] == pytest.approx(0.02, rel=1e-6)
+    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    current = make_plan((2, 1000, 2048), (1, 2000, 4096))
+    res = search(model, current, JobBounds.from_spec(spec), PlannerConfig(), 2048, lambda p: 4096)
+    assert res.workers.resources.cpu_millicores > 4000
