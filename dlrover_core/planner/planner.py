@@ -166,6 +166,34 @@ def default_model_factory(
     return overlap if gain >= OVERLAP_MIN_IMPROVEMENT else base
 
 
+class ModelChoice:
+    """:func:`default_model_factory` with its choice remembered: the cross-validation that
+    picks the form runs when the set of measured configurations changes, not on every new
+    replicate of one already measured (the runtime and the simulator add one per steady
+    window); in between, only the chosen form is refitted. One per planner (per job)."""
+
+    def __init__(self) -> None:
+        self._configs: frozenset[tuple[int, int, float, float]] | None = None
+        self._overlap = False
+
+    def __call__(
+        self, samples: Sequence[Sample], strategy: str, batch_size: int
+    ) -> ThroughputModel:
+        if strategy != "ps":
+            return default_model_factory(samples, strategy, batch_size)
+        configs = frozenset(s.config for s in samples)
+        if configs == self._configs:
+            if not self._overlap:
+                return _baseline_ps_model(samples, batch_size)
+            try:
+                return _overlap_ps_model(samples, batch_size)
+            except DLRoverError:
+                pass  # choose again below
+        model = default_model_factory(samples, strategy, batch_size)
+        self._configs, self._overlap = configs, isinstance(model, PSOverlapThroughputModel)
+        return model
+
+
 @dataclass(frozen=True)
 class PlanDecision:
     """``plan`` is the new plan, or None to keep the current one; ``notes`` say why."""
@@ -185,12 +213,12 @@ class Planner:
         spec: JobSpec,
         config: PlannerConfig | None = None,
         *,
-        model_factory: ModelFactory = default_model_factory,
+        model_factory: ModelFactory | None = None,
     ) -> None:
         self.spec = spec
         self.config = config or PlannerConfig.from_spec(spec)
         self.bounds = JobBounds.from_spec(spec)
-        self.model_factory = model_factory
+        self.model_factory: ModelFactory = model_factory or ModelChoice()
         # memory fits of the latest observations, reused within and across calls until a
         # new observation arrives (keyed on its time and the window's length)
         self._memo_key: tuple[int, float, float] | None = None

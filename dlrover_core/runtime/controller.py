@@ -508,29 +508,42 @@ class JobMaster:
             self.state.set_ps_set(addresses, version + 1)
             log.info("PS set version %d: %s", version + 1, addresses)
 
-    def _replace_ps_set(self, new: ResourcePlan) -> None:
-        """Scale or migrate the PS set: freeze the active set (no push is applied from now on;
-        workers hold theirs), checkpoint it tagged with the shard done_seq, then start the new
-        generation re-sharded from those checkpoints."""
+    def _replace_ps_set(self, new: ResourcePlan) -> bool:
+        """Scale or migrate the PS set: freeze the active set's serving PS (no push is applied
+        from now on; workers hold theirs), checkpoint them tagged with the shard done_seq,
+        then start the new generation re-sharded from the checkpoints. A PS of the set that
+        is gone (exited, not yet relaunched) is not asked: its latest checkpoint is the
+        source, and the new PS, restoring its older tag, get the shards done after it again.
+        False when nothing was started (no active set, or a serving PS did not answer)."""
         assert self.state is not None
         from dlrover_core.runtime.strategies.ps.control import checkpoint_set, freeze_set
 
         active = self.state.generations_in(GEN_ACTIVE)
-        addresses, _ = self.state.ps_set()
-        if not active or not addresses:
-            return
+        if not active:
+            return False
         old = active[-1]
-        sources = [str(self._ps_dir(int(old["id"]), i)) for i in range(int(old["count"]))]
+        gid, count = int(old["id"]), int(old["count"])
+        serving, gone = self._serving(gid, count)
+        if not serving and not gone:
+            return False
+        sources = [str(self._ps_dir(gid, i)) for i in range(count)]
         try:
-            freeze_set(addresses, self.token, True)
+            if serving:
+                freeze_set(serving, self.token, True)
             seq = self.state.shards.done_seq  # after the freeze: nothing more reaches the PS
-            tags = checkpoint_set(addresses, self.token, seq)
+            tags = checkpoint_set(serving, self.token, seq) if serving else []
         except DLRoverError as e:
             log.warning("PS-set change postponed: %s", e)
             with contextlib.suppress(DLRoverError):
-                freeze_set(addresses, self.token, False)
-            return
+                freeze_set(serving, self.token, False)
+            return False
+        if gone:
+            log.info(
+                "PS-set change: %s not serving; re-sharded from the latest checkpoint",
+                ", ".join(m.name for m in gone),
+            )
         self._start_generation(new, sources, min(tags, default=seq))
+        return True
 
     def _unfreeze_active(self) -> None:
         """After a restart: a freeze not followed by a new generation is undone (idempotent)."""
@@ -697,9 +710,17 @@ class JobMaster:
         if not d.relaunch:
             return
         n.relaunches[key] = tries + 1
-        grow_set = new_ps_plan is not None and self._ps_count_changed(new_ps_plan)
-        if new_ps_plan is not None:
+        if new_ps_plan is not None and self._ps_count_changed(new_ps_plan):
+            # the PS-OOM rule chose more PS: a new generation re-sharded from the checkpoints
+            prev = self.plan
             self._adopt_plan(new_ps_plan)
+            if self._relaunch_ps_set_after_oom(new_ps_plan):
+                return
+            # the set cannot change now (a serving PS did not answer): this PS alone is
+            # relaunched (with its memory bump), never left down
+            log.warning("%s: the PS set could not grow now; relaunching it alone", n.name)
+            self._adopt_plan(prev)
+            new_ps_plan = None
         resources = d.resources
         if new_ps_plan is not None:
             resources = new_ps_plan.node_resources(Role.PS, n.node_id)
@@ -717,10 +738,6 @@ class JobMaster:
                     created_at_s=self.clock(),
                 )
             )
-        if grow_set and new_ps_plan is not None:
-            # the PS-OOM rule chose more PS: a new generation re-sharded from the checkpoints
-            self._relaunch_ps_set_after_oom(new_ps_plan)
-            return
         n.resources = resources
         n.incarnation += 1
         self.nodes[(n.role, n.node_id)] = n
@@ -765,11 +782,11 @@ class JobMaster:
             return None
         return candidate
 
-    def _relaunch_ps_set_after_oom(self, plan: ResourcePlan) -> None:
+    def _relaunch_ps_set_after_oom(self, plan: ResourcePlan) -> bool:
         """A PS is gone (OOM) and the rule wants more PS: freeze the survivors, checkpoint
         them, and start a new generation from every old PS's checkpoints (the dead one's
         latest included; shards done after its tag are trained again)."""
-        self._replace_ps_set(plan)
+        return self._replace_ps_set(plan)
 
     def _check_liveness(self) -> None:
         """Silent nodes (every role), nodes that never registered, hung workers: killed, so

@@ -18,7 +18,7 @@ from dlrover_core.faults import (
 )
 from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
-from dlrover_core.planner.planner import default_model_factory
+from dlrover_core.planner.planner import ModelChoice
 from dlrover_core.sim.policies import JobView, RelaunchDecision
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (
@@ -65,6 +65,7 @@ def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]
     than ``PER_CONFIG`` samples gained one (incremental: a full configuration's newest
     replicate does not trigger a refit)."""
     cache: dict[tuple[tuple[tuple[int, int, float, float], int], ...], Any] = {}
+    choice = ModelChoice()
 
     def factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
         counts: dict[tuple[int, int, float, float], int] = {}
@@ -74,7 +75,7 @@ def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]
         hit = cache.get(key)
         if hit is None:
             try:
-                hit = default_model_factory(samples, strategy, batch_size)
+                hit = choice(samples, strategy, batch_size)
             except DLRoverError as e:
                 hit = e
             cache.clear()

@@ -179,11 +179,17 @@ def test_train_task_stages_the_dataset_on_the_claim_it_mounts(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_a_killed_ps_is_relaunched_from_its_checkpoint_at_the_url(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["kill", "oom"])
+def test_a_killed_ps_is_relaunched_from_its_checkpoint_at_the_url(
+    tmp_path: Path, fault: str
+) -> None:
     """No claim: the PS pushes its checkpoints to the URL while it runs. SIGKILLed (a lost
     node: no final checkpoint), its next incarnation, in a fresh pod with an empty scratch
-    folder, restores its own checkpoint pulled from the URL. The job succeeds, the model at
-    the URL."""
+    folder, restores its own checkpoint pulled from the URL. OOM-killed (the only PS, its
+    load balanced: the PS-OOM rule wants more PS), the set grows without asking the dead PS
+    anything: the new PS re-shard its latest checkpoint from the URL and the shards done
+    after its tag are trained again (this once hung: the master kept asking the dead PS to
+    freeze). Either way the job succeeds exactly once, the model at the URL."""
     import os
     import signal
     import threading
@@ -217,7 +223,12 @@ def test_a_killed_ps_is_relaunched_from_its_checkpoint_at_the_url(tmp_path: Path
                 if len(list(remote.glob("gen-*/ps-0/ckpt-*.json"))) >= 2:
                     for p in c.pods():
                         n = p["metadata"]["name"]
-                        pid = kl.pid_of(n) if n.startswith("small-ps-0-0") else None
+                        if not n.startswith("small-ps-0-0"):
+                            continue
+                        if fault == "oom" and kl.oom_kill(n):  # the pod ends OOMKilled
+                            killed.append(n)
+                            return
+                        pid = kl.pid_of(n) if fault == "kill" else None
                         if pid is not None:  # a node lost (SIGKILL), not an OOM
                             os.killpg(pid, signal.SIGKILL)
                             killed.append(n)
@@ -234,10 +245,14 @@ def test_a_killed_ps_is_relaunched_from_its_checkpoint_at_the_url(tmp_path: Path
     assert report["state"] == "succeeded", report.get("failure")
     assert report["model_url"] == f"file://{state}/runs/small/model"
     assert (state / "runs" / "small" / "model" / "model_card.json").is_file()
+    assert report["shards_completed_twice"] == 0 and report["shards_lost"] == 0
     relaunched = [text for name, text in logs.items() if name.startswith("small-ps-0-1")]
     assert relaunched, sorted(logs)
-    # its own checkpoint, in its own (fresh) scratch folder: it came from the URL
-    own = f"restored (own:{tmp_path / 'k8s' / 'node' / 'pods' / 'small-ps-0-1'}/"
-    assert own in relaunched[0], relaunched[0][-2000:]
     assert "restored (empty" not in relaunched[0]
+    pod = tmp_path / "k8s" / "node" / "pods" / "small-ps-0-1"
+    if fault == "kill":  # its own checkpoint, in its own (fresh) scratch folder: from the URL
+        assert f"restored (own:{pod}/" in relaunched[0], relaunched[0][-2000:]
+    else:  # a new generation of 2, re-sharded from the dead PS's checkpoint (from the URL)
+        assert f"restored (reshard:{pod}/" in relaunched[0], relaunched[0][-2000:]
+        assert "PS 0/2" in relaunched[0]
     assert live == []
