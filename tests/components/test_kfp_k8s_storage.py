@@ -18,7 +18,11 @@ pytest.importorskip("kfp")
 from kfp.dsl import HTML, Artifact, Dataset, Markdown, Metrics, Model
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "operators"))
+_OPS = str(ROOT / "tests" / "operators")
+if (
+    _OPS not in sys.path
+):  # appended: `from conftest import ...` elsewhere must not find its conftest
+    sys.path.append(_OPS)
 
 from _k8s import NAMESPACE, SLACK, cluster  # noqa: E402
 
