@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -82,6 +83,15 @@ class DLRoverHook(BaseHook):
     ) -> dict[str, Any]:
         from dlrover_core import api
 
+        if samples and "\n" in samples:
+            # the samples CSV itself (the profile task's XCom): readable on any worker, where a
+            # path would name a file on the worker that profiled
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="dlrover-rm-") as tmp:
+                path = Path(tmp) / "profile-samples.csv"
+                path.write_text(samples)
+                return self.plan(spec, overrides, str(path), history)
         return api.plan(
             spec,
             overrides=self.overrides(overrides),

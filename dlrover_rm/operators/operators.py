@@ -1,7 +1,8 @@
 """DLRover-RM operators: profile → plan → train, each a thin shell over ``dlrover_core.api``.
 
-XCom results are JSON-able: the profile operator returns the samples CSV path, the plan
-operator the plan dict, the train operator the job's report dict.
+XCom results are JSON-able: the profile operator returns the samples CSV's text (the plan
+operator's ``samples`` takes that text or a path), the plan operator the plan dict, the train
+operator the job's report dict.
 
 ``DLRoverTrainOperator`` is deferrable: ``execute`` starts ``python -m dlrover_core.cli train``
 as a detached process (its own session, so it outlives the worker slot and can be stopped as a
@@ -87,7 +88,9 @@ class _DLRoverBase(BaseOperator):
 
 
 class DLRoverProfileOperator(_DLRoverBase):
-    """Short real trials; returns the samples CSV path (``out``, or a per-run temp path)."""
+    """Short real trials; returns the samples CSV's text (a few rows: an XCom the plan task
+    reads on any worker, where a path would name a file on this one). The file is also
+    written to ``out`` (or a per-run temp path) on this worker."""
 
     template_fields: Sequence[str] = ("spec", "overrides", "out", "n_configs")
 
@@ -102,7 +105,8 @@ class DLRoverProfileOperator(_DLRoverBase):
         res = self.hook.profile(self.spec, _overrides(self.overrides), out, int(self.n_configs))
         for t in res["trials"]:
             self.log.info("trial %s", t)
-        return str(res["out"])
+        self.log.info("samples written to %s (returned as text)", res["out"])
+        return Path(res["out"]).read_text()
 
 
 class DLRoverPlanOperator(_DLRoverBase):

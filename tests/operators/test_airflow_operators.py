@@ -73,6 +73,45 @@ def test_plan_operator_matches_api_plan(tmp_path: Path, monkeypatch: pytest.Monk
     assert strip(got) == strip(want)
 
 
+def test_plan_operator_reads_the_samples_text_the_profile_task_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The profile task's XCom is the samples CSV's text, not a path on the worker that
+    profiled: the plan task (any worker) plans from it exactly as from the file; a bad row
+    in the text is one clear error naming the row."""
+    from dlrover_core import api
+    from dlrover_core.errors import InputError
+    from dlrover_core.model.samples_io import write_samples_csv
+    from tests.factories import GRID_CONFIGS, exact_samples
+
+    monkeypatch.setenv("DLROVER_RM_HISTORY", f"sqlite:///{tmp_path / 'history.db'}")
+    coef = {"a0": 0.05, "a1": 0.001, "b1": 0.00005, "b2": 1e-7, "b3": 0.001}
+    csv = tmp_path / "samples.csv"
+    write_samples_csv(csv, exact_samples(coef, GRID_CONFIGS[:8]))
+    overrides = ["quota.cpu=16"]
+    op = DLRoverPlanOperator(
+        task_id="plan",
+        spec=SPEC,
+        overrides="\n".join(overrides),
+        samples=csv.read_text(),
+        dlrover_conn_id=None,
+    )
+    got = op.execute({})
+    want = api.plan(SPEC, overrides=overrides, samples=str(csv))
+    strip = lambda d: {k: v for k, v in d.items() if k not in VOLATILE}  # noqa: E731
+    assert strip(got) == strip(want)
+    assert got["stage"] == want["stage"]
+    bad = DLRoverPlanOperator(
+        task_id="plan",
+        spec=SPEC,
+        overrides="\n".join(overrides),
+        samples=csv.read_text() + "1,1,x,1,100\n",
+        dlrover_conn_id=None,
+    )
+    with pytest.raises(InputError, match=r"profile-samples\.csv:10: column 'worker_cpu'"):
+        bad.execute({})
+
+
 @pytest.mark.parametrize("status", ["failed", "stopped"])
 def test_execute_complete_raises_unless_succeeded(status: str) -> None:
     op = DLRoverTrainOperator(task_id="train", spec=SPEC, dlrover_conn_id=None)
