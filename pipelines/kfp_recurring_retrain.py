@@ -110,6 +110,9 @@ def _sized_profile(spec_yaml: str, overrides: list, n_configs: int, dataset=None
     cpu, memory = size_task.outputs["cpu"], size_task.outputs["memory"]
     profile_task.set_cpu_request(cpu).set_cpu_limit(cpu)
     profile_task.set_memory_request(memory).set_memory_limit(memory)
+    # resource placeholders are no data dependency: without this, a runner may start the
+    # profile task before its size is known (kfp.local did: "task ... not found")
+    profile_task.after(size_task)
     return profile_task
 
 
