@@ -300,18 +300,8 @@ class _LinearThroughputModel:
         coef[ident] = sol / scale[ident]
         resid = a @ coef - y  # (T̂ - T)/T
         active = coef > 0
-        n_active = int(active.sum())
-        dof = len(y) - n_active
-        if dof > 0:
-            sigma = float(np.sqrt(np.sum(resid**2) / dof))
-            z = _t975(dof)
-        else:
-            sigma = float(self.prior_rel_std)
-            z = 2.0
-        cov = np.zeros((k, k))
-        if n_active:
-            a_act = a[:, active]
-            cov[np.ix_(active, active)] = np.linalg.pinv(a_act.T @ a_act)
+        dof = len(y) - int(active.sum())
+        self._set_band(resid, dof, active, lambda: a)
         self.identified_ = tuple(
             n for n, keep in zip(self.feature_names, ident, strict=True) if keep
         )
@@ -320,10 +310,6 @@ class _LinearThroughputModel:
         self.full_rank_ = bool(ident.all())
         x_hat = 1.0 / np.maximum(a @ coef, _T_FLOOR)  # X̂/X = T/T̂
         self.coef_array_ = coef
-        self.cov_ = cov
-        self.rel_std_ = sigma
-        self.z_ = z
-        self.dof_ = dof
         self.n_samples_ = len(samples)
         self.n_configs_ = self.count_configs(samples)
         self.relative_error_ = float(np.mean(np.abs(x_hat - 1.0)))
@@ -348,6 +334,33 @@ class _LinearThroughputModel:
                     f"vary {name}, or predict at {name}={val:g}"
                 )
         return out
+
+    def _set_band(
+        self,
+        resid: FloatArray,
+        dof: int,
+        active: npt.NDArray[np.bool_],
+        jacobian: Callable[[], FloatArray],
+    ) -> None:
+        """The ~95 % band's parts from a fit's relative residuals: ``rel_std_`` and the
+        Student-t ``z_`` over ``dof`` residual degrees of freedom (the prior and 2 without
+        any), ``cov_`` from the active columns of ``jacobian()`` (computed only if some
+        coefficient is active)."""
+        if dof > 0:
+            sigma = float(np.sqrt(np.sum(resid**2) / dof))
+            z = _t975(dof)
+        else:
+            sigma = float(self.prior_rel_std)
+            z = 2.0
+        k = len(active)
+        cov = np.zeros((k, k))
+        if active.any():
+            j_act = jacobian()[:, active]
+            cov[np.ix_(active, active)] = np.linalg.pinv(j_act.T @ j_act)
+        self.cov_ = cov
+        self.rel_std_ = sigma
+        self.z_ = z
+        self.dof_ = dof
 
     def _cache(self) -> None:
         self._coef_t = tuple(float(c) for c in self.coef_array_)
@@ -899,26 +912,11 @@ class PSOverlapThroughputModel(PSThroughputModel):
         r = resid(np.r_[z_best, g])
         coef = np.zeros(k_all)
         coef[ident] = z_best / scale
-        k = k_all
         active = coef > 0
-        n_active = int(active.sum())
-        dof = len(r) - n_active - 1  # γ is a fitted parameter too
-        if dof > 0:
-            sigma = float(np.sqrt(np.sum(r**2) / dof))
-            z = _t975(dof)
-        else:
-            sigma = float(self.prior_rel_std)
-            z = 2.0
-        cov = np.zeros((k, k))
-        if n_active:
-            j_act = self._grad_log_t(feats, coef, g)[:, active]
-            cov[np.ix_(active, active)] = np.linalg.pinv(j_act.T @ j_act)
+        dof = len(r) - int(active.sum()) - 1  # γ is a fitted parameter too
+        self._set_band(r, dof, active, lambda: self._grad_log_t(feats, coef, g))
         self.coef_array_ = coef
         self.gamma_ = g
-        self.cov_ = cov
-        self.rel_std_ = sigma
-        self.z_ = z
-        self.dof_ = dof
         self.relative_error_ = float(np.mean(np.abs(np.exp(-r) - 1.0)))
         self._cache()
 
