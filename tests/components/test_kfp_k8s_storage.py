@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,6 +64,22 @@ class _Downloaded(Dataset):
         return self._local
 
 
+def _plan_and_train(tmp: Path, over: list[str], **train: Any) -> tuple[str, Artifact, Artifact]:
+    """The plan task, then the train task on its plan (both as KFP runs them, in-process):
+    the train task's state, and its ``run`` and ``model`` artifacts."""
+    plan = _art(Artifact, tmp, "plan.json")
+    dlrover_plan.python_func(
+        spec_yaml=SPEC_YAML, plan=plan, reasons=_art(Markdown, tmp, "reasons.md"), overrides=over
+    )
+    run, model = _art(Artifact, tmp, "run"), _art(Model, tmp, "model")
+    out = dlrover_train.python_func(
+        spec_yaml=SPEC_YAML, plan=plan, metrics=_art(Metrics, tmp, "metrics"), run=run,
+        model=model, summary=_art(Markdown, tmp, "summary"), dashboard=_art(HTML, tmp, "dash"),
+        overrides=over, poll_interval=0.5, **train,
+    )  # fmt: skip
+    return out, run, model
+
+
 @pytest.mark.slow
 def test_train_task_with_a_state_url_gets_the_model_and_stages_the_dataset(
     tmp_path: Path,
@@ -82,20 +99,7 @@ def test_train_task_with_a_state_url_gets_the_model_and_stages_the_dataset(
     data = _Downloaded(tmp_path / "train.parquet")
     with cluster(tmp_path / "k8s") as c:
         assert c.kubelet is not None
-        plan = _art(Artifact, tmp_path, "plan.json")
-        dlrover_plan.python_func(
-            spec_yaml=SPEC_YAML,
-            plan=plan,
-            reasons=_art(Markdown, tmp_path, "reasons.md"),
-            overrides=over,
-        )
-        run, model = _art(Artifact, tmp_path, "run"), _art(Model, tmp_path, "model")
-        out = dlrover_train.python_func(
-            spec_yaml=SPEC_YAML, plan=plan, metrics=_art(Metrics, tmp_path, "metrics"),
-            run=run, model=model, summary=_art(Markdown, tmp_path, "summary"),
-            dashboard=_art(HTML, tmp_path, "dash"), overrides=over, dataset=data,
-            run_id="run-1", poll_interval=0.5,
-        )  # fmt: skip
+        out, run, model = _plan_and_train(tmp_path, over, dataset=data, run_id="run-1")
         live, procs = c.live_pods(), dict(c.kubelet.procs)
         pods = {p["metadata"]["name"]: p for p in c.pods()}
         root = c.kubelet.root
@@ -152,21 +156,13 @@ def test_train_task_stages_the_dataset_on_the_claim_it_mounts(tmp_path: Path) ->
     _parquet(tmp_path / "train.parquet", 9000)
     with cluster(tmp_path / "k8s") as c:
         assert c.kubelet is not None and c.kubelet.root == tmp_path / "k8s" / "node"
-        plan = _art(Artifact, tmp_path, "plan.json")
-        dlrover_plan.python_func(
-            spec_yaml=SPEC_YAML,
-            plan=plan,
-            reasons=_art(Markdown, tmp_path, "reasons.md"),
-            overrides=over,
+        out, run, model = _plan_and_train(
+            tmp_path,
+            over,
+            dataset=_Downloaded(tmp_path / "train.parquet"),
+            state_pvc="dlrover-rm-state",
+            run_id="run-2",
         )
-        run, model = _art(Artifact, tmp_path, "run"), _art(Model, tmp_path, "model")
-        out = dlrover_train.python_func(
-            spec_yaml=SPEC_YAML, plan=plan, metrics=_art(Metrics, tmp_path, "metrics"),
-            run=run, model=model, summary=_art(Markdown, tmp_path, "summary"),
-            dashboard=_art(HTML, tmp_path, "dash"), overrides=over,
-            dataset=_Downloaded(tmp_path / "train.parquet"), state_pvc="dlrover-rm-state",
-            run_id="run-2", poll_interval=0.5,
-        )  # fmt: skip
         live = c.live_pods()
     assert out == "succeeded"
     report = json.loads((Path(run.path) / "report.json").read_text())
