@@ -712,9 +712,10 @@ class JobMaster:
         n.relaunches[key] = tries + 1
         if new_ps_plan is not None and self._ps_count_changed(new_ps_plan):
             # the PS-OOM rule chose more PS: a new generation re-sharded from the checkpoints
+            # (the survivors frozen and checkpointed, the dead PS's latest one included)
             prev = self.plan
             self._adopt_plan(new_ps_plan)
-            if self._relaunch_ps_set_after_oom(new_ps_plan):
+            if self._replace_ps_set(new_ps_plan):
                 return
             # the set cannot change now (a serving PS did not answer): this PS alone is
             # relaunched (with its memory bump), never left down
@@ -781,12 +782,6 @@ class JobMaster:
         if not candidate.total.fits_in(self.spec.quota.resources):
             return None
         return candidate
-
-    def _relaunch_ps_set_after_oom(self, plan: ResourcePlan) -> bool:
-        """A PS is gone (OOM) and the rule wants more PS: freeze the survivors, checkpoint
-        them, and start a new generation from every old PS's checkpoints (the dead one's
-        latest included; shards done after its tag are trained again)."""
-        return self._replace_ps_set(plan)
 
     def _check_liveness(self) -> None:
         """Silent nodes (every role), nodes that never registered, hung workers: killed, so
