@@ -75,6 +75,10 @@ class PlannerConfig:
     # two multi-day jobs (mean JCT 64 -> 78 min), i.e. a slow configuration waits too long
     recheck_fraction: float = 0.0
     recheck_max_s: float = 1800.0  # ... but never later than this
+    # neither side busy and the model sees no move: measure twice the PS (ours, issue 10)
+    stall_util: float = 0.6  # busiest PS and mean worker CPU use both under this
+    stall_min_left_s: float = 3600.0
+    stall_probes: int = 1
     ps_hot_hysteresis: float = 0.15  # with a hot PS, also migrate PS within this of the mark
     worker_ps_target_util: float = 0.85  # DLRover: grow workers until the PS are this busy
     # --- stage 3: post-scaling ------------------------------------------------------------

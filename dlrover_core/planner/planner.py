@@ -49,6 +49,7 @@ SAMPLE_ACTION = "sample:"
 REVERT_ACTION = "revert"
 BOTTLENECK_ACTION = "bottleneck"
 BEST_MEASURED_ACTION = "best_measured"
+STALL_ACTION = "stall_probe"
 
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
@@ -374,6 +375,10 @@ class Planner:
                                                        here, past_plans, now_s, left_s)  # fmt: skip
             if plan is not None:
                 return PlanDecision(plan, (), model)
+            probe = self._stall_probe(current, [*prior_samples, *samples], observations,
+                                      past_plans, now_s, left_s, note)  # fmt: skip
+            if probe is not None:
+                return PlanDecision(probe, (note,), model)
             if model.full_rank_:
                 due = self._recheck_s(now_s, now_s - current.created_at_s, left_s, unblocked_s)
                 return PlanDecision(None, (note,), model, next_check_s=due)
@@ -438,6 +443,58 @@ class Planner:
                 action=BOTTLENECK_ACTION,
             )
         return None
+
+    def _stall_probe(
+        self,
+        current: ResourcePlan,
+        samples: Sequence[Sample],
+        observations: Sequence[Observation],
+        past_plans: Sequence[ResourcePlan],
+        now_s: float,
+        left_s: float | None,
+        why: str,
+    ) -> ResourcePlan | None:
+        """The model finds nothing worth a move, yet neither side is busy: the busiest PS and
+        the average worker use under ``stall_util`` of their CPU. What bounds the speed then
+        is what CPU does not show (the network, a hot shard), which only more PS relieve, and
+        a model that saw the PS count vary little reads that as "PS do not help". Measure
+        twice the PS once (at most ``stall_probes`` times a run), while enough time is left
+        to pay the pause back many times over; a slower result is reverted as any move."""
+        cfg = self.config
+        # a probe that speeds the job up by a few percent must pay back its pause: enough time
+        # left for ~30 PS pauses (an hour at the default 120 s)
+        need_s = max(cfg.stall_min_left_s, 30 * cfg.ps_change_pause_s)
+        if left_s is None or left_s < need_s or not observations:
+            return None
+        if sum(p.action == STALL_ACTION for p in past_plans) >= cfg.stall_probes:
+            return None
+        last = observations[-1]
+        ps_nodes, w_nodes = last.of(Role.PS), last.of(Role.WORKER)
+        if not ps_nodes or not w_nodes or current.ps.count == 0:
+            return None
+        w_util = sum(n.cpu_util for n in w_nodes) / len(w_nodes)
+        if max(n.cpu_util for n in ps_nodes) >= cfg.stall_util or w_util >= cfg.stall_util:
+            return None
+        want = RolePlan(2 * current.ps.count, current.ps.resources)
+        w2, p2, _ = self.bounds.fit(current.workers, want)
+        if p2.count <= current.ps.count or w2 != current.workers:
+            return None
+        key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+        seen = {scaling.sample_key(s) for s in samples}
+        if key in seen or key in abandoned_keys([*past_plans, current]):
+            return None
+        return current.replace(
+            ps=p2,
+            overrides=(),
+            stage=Stage.SAMPLING,
+            reasons=(
+                f"neither side busy (busiest PS {max(n.cpu_util for n in ps_nodes):.0%}, "
+                f"workers {w_util:.0%} of their CPU): measure {p2.count} PS ({why})",
+            ),
+            predicted_throughput_sps=None,
+            created_at_s=now_s,
+            action=STALL_ACTION,
+        )
 
     def _best_measured(
         self,

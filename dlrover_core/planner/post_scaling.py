@@ -8,6 +8,7 @@ plan took effect count, and a condition must hold in ``hot_window`` consecutive 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 from dlrover_core.faults import PendingAction, PendingPolicy, find_stragglers, pending_action
@@ -314,6 +315,9 @@ def _stragglers(
     }
     if not slow:
         return None
+    pays, why = _replacement_pays(cfg, window[-1], slow)
+    if not pays:
+        return None
     moves = [
         NodeOverride(
             Role.WORKER,
@@ -324,10 +328,31 @@ def _stragglers(
         )
         for i in sorted(slow)
     ]
-    reasons = [f"worker-{m.node_id} {m.reason}: replace it" for m in moves]
+    reasons = [f"worker-{m.node_id} {m.reason}: replace it" for m in moves] + [why]
     return _with(
         current, now_s, reasons, overrides=_merge(current.overrides, moves), action="straggler"
     )
+
+
+def _replacement_pays(cfg: PlannerConfig, last: Observation, slow: set[int]) -> tuple[bool, str]:
+    """Does replacing the ``slow`` workers save more time than the pause it costs? In PS
+    training each worker adds its own speed, so a straggler at speed s, replaced by one at
+    the median m, adds m − s: the time saved is what is left × the share that adds, against
+    ``min_saved_pause_multiple`` worker pauses (no speed or no total known: replace)."""
+    speeds = {n.node_id: n.throughput_sps for n in last.of(Role.WORKER)}
+    total = sum(speeds.values())
+    if total <= 0 or last.samples_total <= 0 or last.throughput_sps <= 0:
+        return True, "no speed to weigh the replacement against"
+    med = float(statistics.median(speeds.values()))
+    gain = sum(max(0.0, med - speeds.get(i, med)) for i in slow)
+    left_s = max(0.0, last.samples_total - last.samples_done) / last.throughput_sps
+    saved = left_s - (cfg.worker_change_pause_s + left_s * total / (total + gain))
+    need = cfg.min_saved_pause_multiple * cfg.worker_change_pause_s
+    note = (
+        f"the replacement saves ~{saved / 60:.1f} min of ~{left_s / 60:.0f} min left "
+        f"(needs {need / 60:.1f}) after a {cfg.worker_change_pause_s:.0f} s pause"
+    )
+    return saved >= need, note
 
 
 def _idle_ps(

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from dlrover_core.model.throughput import PSExtendedThroughputModel, PSThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
 from dlrover_core.planner.bounds import JobBounds
-from dlrover_core.planner.planner import BEST_MEASURED_ACTION, BOTTLENECK_ACTION
+from dlrover_core.planner.planner import (
+    BEST_MEASURED_ACTION,
+    BOTTLENECK_ACTION,
+    STALL_ACTION,
+    PlanDecision,
+)
 from dlrover_core.planner.scaling import bottleneck_candidates
 from dlrover_core.types import Stage
-from tests.factories import exact_samples, make_obs, make_plan, make_spec
+from tests.factories import GRID_CONFIGS, exact_samples, make_obs, make_plan, make_spec
 
 
 @pytest.mark.parametrize(
@@ -125,3 +132,62 @@ def test_untrusted_model_goes_back_to_a_clearly_faster_measured_configuration() 
     d2 = Planner(spec, cfg).replan(fast.replace(created_at_s=1400.0), obs, samples, 2000.0,
                                    [fast, cur, fast.replace(created_at_s=1400.0)])  # fmt: skip
     assert d2.plan is None or d2.plan.action != BEST_MEASURED_ACTION
+
+
+# --- neither side busy: one probe with twice the PS ----------------------------------------
+
+STALL_COEF = {"a0": 0.05, "a1": 0.001, "b1": 5e-05, "b2": 1e-07, "b3": 0.001}
+
+
+def _stall_replan(
+    monkeypatch: pytest.MonkeyPatch,
+    ps_util: tuple[float, ...],
+    samples_total: int,
+    past: tuple[str, ...] = (),
+) -> PlanDecision:
+    """A trusted model whose best move saves nothing (stubbed: the rule under test is what
+    the planner does next), the current configuration measured five times."""
+    spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
+    planner = Planner(spec, PlannerConfig.from_spec(spec))
+    monkeypatch.setattr(planner, "_model_move", lambda *a, **k: (None, "nothing saves", None))
+    cur = make_plan((6, 2000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
+    samples = exact_samples(STALL_COEF, GRID_CONFIGS)
+    here = exact_samples(STALL_COEF, [(6, 2, 2.0, 4.0)], reps=5)
+    samples += [dataclasses.replace(s, timestamp_s=600.0 + i) for i, s in enumerate(here)]
+    obs = [
+        make_obs(
+            t, ps_util=ps_util, ps_cpu=4000, worker_speeds=[100.0] * 6, samples_total=samples_total
+        )
+        for t in (900.0, 960.0, 1020.0)
+    ]
+    plans = [cur.replace(action=a) for a in past] + [cur]
+    return planner.replan(cur, obs, samples, 1200.0, plans)
+
+
+def test_neither_side_busy_measures_twice_the_ps_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busiest PS at 50 %, workers at 50 % of their CPU and hours left: what bounds the speed
+    is not CPU (network, a hot shard), so the planner measures 4 PS, CPU and workers kept."""
+    d = _stall_replan(monkeypatch, (0.5, 0.45), 10**9)
+    assert d.plan is not None, d.notes
+    assert d.plan.action == STALL_ACTION and d.plan.stage is Stage.SAMPLING
+    assert (d.plan.ps.count, d.plan.ps.resources.cpu_millicores) == (4, 4000)
+    assert d.plan.workers.count == 6
+    assert "neither side busy" in d.plan.reasons[0]
+
+
+@pytest.mark.parametrize(
+    ("ps_util", "samples_total", "past"),
+    [
+        ((0.7, 0.5), 10**9, ()),  # a PS is busy: CPU shows the bottleneck
+        ((0.5, 0.45), 10**9, (STALL_ACTION,)),  # probed once already this run
+        ((0.5, 0.45), 9384 * 1800, ()),  # ~30 min left: the pause would not pay back
+    ],
+)
+def test_no_stall_probe_when_busy_probed_or_nearly_done(
+    monkeypatch: pytest.MonkeyPatch,
+    ps_util: tuple[float, ...],
+    samples_total: int,
+    past: tuple[str, ...],
+) -> None:
+    d = _stall_replan(monkeypatch, ps_util, samples_total, past)
+    assert d.plan is None or d.plan.action != STALL_ACTION
