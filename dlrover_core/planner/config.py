@@ -78,7 +78,8 @@ class PlannerConfig:
     # neither side busy and the model sees no move: measure twice the PS (ours, issue 10)
     stall_util: float = 0.6  # busiest PS and mean worker CPU use both under this
     stall_min_left_s: float = 3600.0
-    stall_probes: int = 1
+    stall_probes: int = 4  # probes a run, each after one that measured this much faster:
+    stall_min_gain: float = 0.08
     ps_hot_hysteresis: float = 0.15  # with a hot PS, also migrate PS within this of the mark
     worker_ps_target_util: float = 0.85  # DLRover: grow workers until the PS are this busy
     # --- stage 3: post-scaling ------------------------------------------------------------
@@ -89,6 +90,7 @@ class PlannerConfig:
     idle_ps_cpu_util: float = 0.4
     idle_min_remaining_s: float = 3600.0
     idle_target_util: float = 0.7
+    idle_min_cut: float = 0.25  # idle PS next to busy ones: move them if that frees this share
     straggler_ratio: float = 0.5
     # --- pacing (from the spec) -----------------------------------------------------------
     replan_interval_s: float = 300.0

@@ -458,15 +458,16 @@ class Planner:
         the average worker use under ``stall_util`` of their CPU. What bounds the speed then
         is what CPU does not show (the network, a hot shard), which only more PS relieve, and
         a model that saw the PS count vary little reads that as "PS do not help". Measure
-        twice the PS once (at most ``stall_probes`` times a run), while enough time is left
-        to pay the pause back many times over; a slower result is reverted as any move."""
+        twice the PS (again only while that pays, see :meth:`_stall_paid`), while enough
+        time is left to pay the pause back many times over; a slower result is reverted as
+        any move."""
         cfg = self.config
         # a probe that speeds the job up by a few percent must pay back its pause: enough time
         # left for ~30 PS pauses (an hour at the default 120 s)
         need_s = max(cfg.stall_min_left_s, 30 * cfg.ps_change_pause_s)
         if left_s is None or left_s < need_s or not observations:
             return None
-        if sum(p.action == STALL_ACTION for p in past_plans) >= cfg.stall_probes:
+        if not self._stall_paid(samples, past_plans):
             return None
         last = observations[-1]
         ps_nodes, w_nodes = last.of(Role.PS), last.of(Role.WORKER)
@@ -486,7 +487,7 @@ class Planner:
         return current.replace(
             ps=p2,
             overrides=(),
-            stage=Stage.SAMPLING,
+            stage=Stage.SCALING,
             reasons=(
                 f"neither side busy (busiest PS {max(n.cpu_util for n in ps_nodes):.0%}, "
                 f"workers {w_util:.0%} of their CPU): measure {p2.count} PS ({why})",
@@ -495,6 +496,26 @@ class Planner:
             created_at_s=now_s,
             action=STALL_ACTION,
         )
+
+    def _stall_paid(self, samples: Sequence[Sample], past_plans: Sequence[ResourcePlan]) -> bool:
+        """May the run probe again? Up to ``stall_probes`` times, each after one that measured
+        at least ``stall_min_gain`` faster than the configuration it left (a hot shard needs
+        as many PS as halve its share until it stops binding)."""
+        plans = list(past_plans)
+        probes = [i for i, p in enumerate(plans) if p.action == STALL_ACTION]
+        if not probes:
+            return True
+        if len(probes) >= self.config.stall_probes or probes[-1] == 0:
+            return False
+        speeds: dict[scaling.ConfigKey, list[float]] = {}
+        for s in samples:
+            speeds.setdefault(scaling.sample_key(s), []).append(s.throughput_sps)
+        after = speeds.get(scaling.plan_key(plans[probes[-1]]))
+        before = speeds.get(scaling.plan_key(plans[probes[-1] - 1]))
+        if not after or not before:
+            return False
+        gain = (sum(after) / len(after)) / (sum(before) / len(before)) - 1.0
+        return gain >= self.config.stall_min_gain
 
     def _best_measured(
         self,

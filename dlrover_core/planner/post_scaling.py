@@ -371,15 +371,15 @@ def _idle_ps(
         return None
     last = window[-1]
     nodes = last.of(Role.PS)
-    if not nodes or any(n.cpu_util >= cfg.idle_ps_cpu_util for o in window for n in o.of(Role.PS)):
-        return None
-    if last.throughput_sps <= 0:
+    if not nodes or last.throughput_sps <= 0:
         return None
     remaining_s = (last.samples_total - last.samples_done) / last.throughput_sps
     if not math.isfinite(remaining_s):  # a vanishing throughput: the time left is unknown
         return None
     if remaining_s < cfg.idle_min_remaining_s:
         return None
+    if any(n.cpu_util >= cfg.idle_ps_cpu_util for o in window for n in o.of(Role.PS)):
+        return _idle_ps_nodes(cfg, bounds, current, window, now_s, remaining_s)
     peak = max(n.cpu_used_millicores for o in window for n in o.of(Role.PS))
     new_cpu = bounds.ps.cpu(round_up_level(peak / cfg.idle_target_util, cfg.cpu_levels_millicores))
     if new_cpu >= ps.resources.cpu_millicores:
@@ -391,3 +391,45 @@ def _idle_ps(
     new_ps = RolePlan(ps.count, NodeResources(new_cpu, ps.resources.memory_mib))
     keep = tuple(o for o in current.overrides if o.role is not Role.PS)
     return _with(current, now_s, reasons, ps=new_ps, overrides=keep, action=IDLE_PS)
+
+
+def _idle_ps_nodes(
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    window: Sequence[Observation],
+    now_s: float,
+    remaining_s: float,
+) -> ResourcePlan | None:
+    """Some PS busy, the others idle (a skewed load: the busy ones hold the hot shards):
+    each idle PS moves to a node sized for what it uses at ``idle_target_util``, the busy
+    ones keep theirs. Only when that frees at least ``idle_min_cut`` of the PS cores."""
+    peak: dict[int, int] = {}
+    for o in window:
+        for n in o.of(Role.PS):
+            peak[n.node_id] = max(peak.get(n.node_id, 0), n.cpu_used_millicores)
+    moves: list[NodeOverride] = []
+    had = freed = 0
+    for i in range(current.ps.count):
+        res = current.node_resources(Role.PS, i)
+        had += res.cpu_millicores
+        used = peak.get(i)
+        if used is None or used >= cfg.idle_ps_cpu_util * res.cpu_millicores:
+            continue
+        cpu = bounds.ps.cpu(round_up_level(used / cfg.idle_target_util, cfg.cpu_levels_millicores))
+        if cpu < res.cpu_millicores:
+            freed += res.cpu_millicores - cpu
+            moves.append(NodeOverride(
+                Role.PS, i, NodeResources(cpu, res.memory_mib),
+                f"idle PS (CPU < {cfg.idle_ps_cpu_util:.0%}): {cpu / 1000:g} CPU", "migrate",
+            ))  # fmt: skip
+    if not moves or freed < cfg.idle_min_cut * had:
+        return None
+    reasons = [
+        f"ps-{m.node_id} idle while others are busy (a skewed load, ~{math.ceil(remaining_s / 60)}"
+        f" min left): move it to {m.resources.cpu_millicores / 1000:g} CPU"
+        for m in moves
+    ]
+    return _with(
+        current, now_s, reasons, overrides=_merge(current.overrides, moves), action=IDLE_PS
+    )

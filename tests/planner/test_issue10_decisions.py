@@ -169,7 +169,7 @@ def test_neither_side_busy_measures_twice_the_ps_once(monkeypatch: pytest.Monkey
     is not CPU (network, a hot shard), so the planner measures 4 PS, CPU and workers kept."""
     d = _stall_replan(monkeypatch, (0.5, 0.45), 10**9)
     assert d.plan is not None, d.notes
-    assert d.plan.action == STALL_ACTION and d.plan.stage is Stage.SAMPLING
+    assert d.plan.action == STALL_ACTION and d.plan.stage is Stage.SCALING
     assert (d.plan.ps.count, d.plan.ps.resources.cpu_millicores) == (4, 4000)
     assert d.plan.workers.count == 6
     assert "neither side busy" in d.plan.reasons[0]
@@ -191,3 +191,36 @@ def test_no_stall_probe_when_busy_probed_or_nearly_done(
 ) -> None:
     d = _stall_replan(monkeypatch, ps_util, samples_total, past)
     assert d.plan is None or d.plan.action != STALL_ACTION
+
+
+@pytest.mark.parametrize(("after_sps", "again"), [(1.2, True), (1.02, False)])
+def test_a_probe_that_paid_allows_the_next(
+    monkeypatch: pytest.MonkeyPatch, after_sps: float, again: bool
+) -> None:
+    """The run went from 1 PS to 2 by a probe: 20 % faster measured allows 4 PS next; 2 %
+    faster (under ``stall_min_gain``) ends the probing."""
+    spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
+    planner = Planner(spec, PlannerConfig.from_spec(spec))
+    monkeypatch.setattr(planner, "_model_move", lambda *a, **k: (None, "nothing saves", None))
+    before = make_plan((6, 2000, 4096), (1, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
+    cur = before.replace(ps=before.ps.__class__(2, before.ps.resources), action=STALL_ACTION)
+    base = exact_samples(STALL_COEF, [(6, 1, 2.0, 4.0)], reps=5)
+    samples = [dataclasses.replace(s, timestamp_s=100.0 + i) for i, s in enumerate(base)]
+    x = base[0].throughput_sps * after_sps
+    samples += [
+        dataclasses.replace(s, throughput_sps=x, timestamp_s=700.0 + i)
+        for i, s in enumerate(exact_samples(STALL_COEF, [(6, 2, 2.0, 4.0)], reps=5))
+    ]
+    samples += exact_samples(STALL_COEF, [(2, 1, 1.0, 1.0), (4, 1, 4.0, 2.0), (8, 2, 1.0, 4.0)])
+    obs = [
+        make_obs(
+            t, ps_util=(0.5, 0.45), ps_cpu=4000, worker_speeds=[100.0] * 6, samples_total=10**9
+        )
+        for t in (900.0, 960.0, 1020.0)
+    ]
+    d = planner.replan(cur, obs, samples, 1200.0, [before, cur])
+    if again:
+        assert d.plan is not None and d.plan.action == STALL_ACTION, d.notes
+        assert d.plan.ps.count == 4
+    else:
+        assert d.plan is None or d.plan.action != STALL_ACTION

@@ -234,7 +234,7 @@ IDLE = make_plan((2, 2000, 4096), (2, 8000, 4096), created_at_s=T0)
         ([0.1, 0.1], 0, [100, 100], 1500),  # 800 / 0.7 = 1143 -> the next level, 1500
         ([0.25, 0.2], 9_400_000, [100, 100], None),  # 600,000 / 200 = 3000 s < 1 h left
         ([0.25, 0.2], 9_280_000, [100, 100], 3000),  # 720,000 / 200 = 3600 s: exactly 1 h
-        ([0.45, 0.2], 0, [100, 100], None),  # one PS is not idle
+        ([0.6, 0.38], 0, [100, 100], None),  # one PS busy, the other's cut is too small
         ([0.25, 0.2], 0, [0, 0], None),  # no progress: the time left is unknown
         ([0.25, 0.2], 0, [0, 5e-324], None),  # 10^7 / 5e-324 overflows to inf: unknown too
     ],
@@ -253,6 +253,20 @@ def test_idle_ps_shrink(
     assert plan.ps.count == 2
     assert plan.ps.resources == NodeResources(new_cpu, 4096)
     assert "idle PS" in plan.reasons[0]
+
+
+def test_an_idle_ps_next_to_a_busy_one_moves_to_a_smaller_node_alone() -> None:
+    """A skewed load: ps-0 holds the hot shards (45 % busy), ps-1 uses 0.2 × 8 CPU. ps-1
+    moves to 1600 / 0.7 -> 3 CPU (frees 5 of 16 PS cores); ps-0 keeps its 8 CPU."""
+    obs = three(ps_util=[0.45, 0.2], ps_cpu=8000, ps_mem=4096, worker_speeds=[100, 100])
+    plan = run(IDLE, obs)
+    assert plan is not None and plan.action == "idle_ps"
+    assert plan.ps == IDLE.ps
+    assert [(o.node_id, o.resources, o.action) for o in plan.overrides] == [
+        (1, NodeResources(3000, 4096), "migrate")
+    ]
+    assert plan.node_resources(Role.PS, 0) == NodeResources(8000, 4096)
+    assert "skewed load" in plan.reasons[0]
 
 
 def test_idle_shrink_drops_ps_overrides_but_keeps_worker_ones() -> None:
