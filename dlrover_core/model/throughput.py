@@ -674,51 +674,72 @@ class PSExtendedThroughputModel(PSThroughputModel):
 _LOG_FLOOR = 1e-300  # stage time floor inside logs and powers (a stage with no cost)
 
 
+# a residual function for :func:`_bounded_lm`: x -> (residuals, a thunk giving their
+# Jacobian at x), so the Jacobian of an accepted point reuses what its residuals computed
+ResidualFn = Callable[[FloatArray], tuple[FloatArray, Callable[[], FloatArray]]]
+
+
 def _bounded_lm(
-    resid: Callable[[FloatArray], FloatArray],
-    jac: Callable[[FloatArray], FloatArray],
+    fun: ResidualFn,
     x0: FloatArray,
     lo: FloatArray,
     hi: FloatArray,
     max_iter: int = 100,
+    ftol: float = 1e-9,
 ) -> tuple[FloatArray, float]:
-    """Levenberg–Marquardt on a box: minimises Σ resid(x)² with lo <= x <= hi.
+    """Levenberg–Marquardt on a box: minimises Σ r(x)² with lo <= x <= hi.
 
     Each step solves the damped normal equations on the free variables (a variable at a
     bound whose gradient points out of the box is held there), projects onto the box and
     is kept only when it lowers the cost; the damping falls after a kept step and rises
-    after a refused one. Small problems (≤ 10 unknowns) take ~50 µs a step, a fraction of
-    scipy's trust-region reflective solver's overhead."""
-    x = np.clip(np.asarray(x0, dtype=np.float64), lo, hi)
-    r = resid(x)
+    after a refused one. It stops when a kept step lowers the cost by less than ``ftol``
+    of it (scipy's least_squares stops at 1e-8): on noisy data the residuals stay large,
+    Gauss–Newton converges linearly (about ×10 a step here), and the last digits of the
+    cost are worth nothing to a model fitted to 5 % noise.
+
+    Small problems (≤ 10 unknowns) take a few tens of µs a step, a fraction of scipy's
+    trust-region reflective solver's overhead: on a dozen rows numpy's per-call cost
+    dominates, so a step makes as few calls as it can (the Jacobian comes with the
+    residuals, the damping is added on the diagonal in place)."""
+    x = np.minimum(np.maximum(np.asarray(x0, dtype=np.float64), lo), hi)
+    r, jac = fun(x)
     cost = float(r @ r)
     lam = 1e-3
     for _ in range(max_iter):
-        jm = jac(x)
+        jm = jac()
         grad = jm.T @ r
         free = ~(((x <= lo) & (grad > 0)) | ((x >= hi) & (grad < 0)))
-        if not free.any():
-            break
-        jf = jm[:, free]
-        h = jf.T @ jf
+        all_free = bool(free.all())
+        if not all_free:
+            if not free.any():
+                break
+            jm = jm[:, free]
+        h = jm.T @ jm
+        d = np.maximum(h.diagonal(), 1e-12)
+        g_free = -grad if all_free else -grad[free]
+        diag = np.diag_indices_from(h)
         improved = False
         while lam < 1e12:
-            a = h + lam * np.diag(np.maximum(np.diag(h), 1e-12))
+            a = h.copy()
+            a[diag] += lam * d
             try:
-                step = np.linalg.solve(a, -grad[free])
+                step = np.linalg.solve(a, g_free)
             except np.linalg.LinAlgError:
                 lam *= 10.0
                 continue
-            x_new = x.copy()
-            x_new[free] += step
-            x_new = np.clip(x_new, lo, hi)
-            r_new = resid(x_new)
+            if all_free:
+                x_new = x + step
+            else:
+                x_new = x.copy()
+                x_new[free] += step
+            x_new = np.minimum(np.maximum(x_new, lo), hi)
+            r_new, jac_new = fun(x_new)
             c_new = float(r_new @ r_new)
             if np.isfinite(c_new) and c_new < cost:
                 gain = cost - c_new
-                x, r, cost = x_new, r_new, c_new
+                x, r, jac, cost = x_new, r_new, jac_new, c_new
                 lam = max(lam / 3.0, 1e-9)
-                improved = gain > 1e-12 * max(cost, 1e-30)
+                improved = gain > ftol * max(cost, 1e-30)
                 break
             lam *= 4.0
         if not improved:
@@ -842,18 +863,25 @@ class PSOverlapThroughputModel(PSThroughputModel):
         return np.asarray(tot, dtype=np.float64) ** (1.0 / g)
 
     # ----------------------------------------------------------------- fit
-    def fit(self, samples: Sequence[Sample]) -> Self:
+    def fit(
+        self, samples: Sequence[Sample], *, start_from: PSOverlapThroughputModel | None = None
+    ) -> Self:
         """NNLS at γ = 1 (see :meth:`_LinearThroughputModel.fit`), then the bounded
-        refinement of the coefficients and γ when the samples identify every column."""
+        refinement of the coefficients and γ when the samples identify every column.
+
+        ``start_from``: a fitted model of the same job (e.g. the previous fit, before a few
+        more replicates were measured) whose coefficients and γ start the refinement, in
+        place of the cold starts (``overlap_starts``): a warm start converges in a few steps
+        instead of tens. Ignored unless it was refined (γ > 1)."""
         samples = list(samples)
         self.gamma_ = 1.0
         super().fit(samples)
         # as many distinct configurations as the parameters it refines (identified + γ)
         if self.max_overlap > 1.0 and self.n_configs_ >= len(self.identified_) + 1:
-            self._refine(samples)
+            self._refine(samples, start_from)
         return self
 
-    def _refine(self, samples: Sequence[Sample]) -> None:
+    def _refine(self, samples: Sequence[Sample], start: PSOverlapThroughputModel | None) -> None:
         feats, _, t_meas = self._design(samples)
         log_t = np.log(t_meas)
         # only the identified columns are refined; the others stay folded into them (0)
@@ -863,38 +891,53 @@ class PSOverlapThroughputModel(PSThroughputModel):
         scale[scale == 0] = 1.0
         fs = (feats / scale)[:, ident]  # coef_j = z_j / scale_j: O(1) unknowns for the solver
         scale = scale[ident]
-        k = fs.shape[1]
+        n, k = fs.shape
         onehot = self._onehot[ident]
         cols = [st for st, keep in zip(self.stage_of, ident, strict=True) if keep]
 
-        def parts(x: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-            s_ = np.maximum((fs * x[:k]) @ onehot, _LOG_FLOOR)
-            sg = s_ ** x[k]
-            return s_, sg, np.maximum(sg.sum(axis=1), _LOG_FLOOR)
+        def fun(x: FloatArray) -> tuple[FloatArray, Callable[[], FloatArray]]:
+            """log T̂ − log T, and (lazily) its Jacobian in z and γ from the same parts."""
+            g = float(x[k])
+            s_ = np.maximum((fs * x[:k]) @ onehot, _LOG_FLOOR)  # stage times
+            sg = s_**g
+            tot = np.maximum(sg.sum(axis=1), _LOG_FLOOR)
+            log_tot = np.log(tot)
+
+            def jac() -> FloatArray:
+                out = np.empty((n, k + 1))
+                # ∂/∂z_j = S^(γ-1)·f_j / Σ S^γ  (S^γ / S = S^(γ-1); 0 for an empty stage)
+                out[:, :k] = (sg / (s_ * tot[:, None]))[:, cols] * fs
+                out[:, k] = np.sum(sg * np.log(s_), axis=1) / (g * tot) - log_tot / (g * g)
+                return out
+
+            return log_tot / g - log_t, jac
 
         def resid(x: FloatArray) -> FloatArray:
-            _, _, tot = parts(x)
-            return np.asarray(np.log(tot) / x[k] - log_t, dtype=np.float64)
-
-        def jac(x: FloatArray) -> FloatArray:
-            s_, sg, tot = parts(x)
-            g = x[k]
-            jz = (s_ ** (g - 1.0))[:, cols] * fs / tot[:, None]
-            jg = -np.log(tot) / g**2 + np.sum(sg * np.log(s_), axis=1) / (g * tot)
-            return np.asarray(np.column_stack([jz, jg]), dtype=np.float64)
+            return fun(x)[0]
 
         z_lin = self.coef_array_[ident] * scale
         base = np.r_[z_lin, 1.0]
-        best_x, best_cost = base, float(np.sum(resid(base) ** 2))
-        # a coefficient at 0 has no gradient once γ > 1 (0^(γ-1) = 0): start it off the bound
-        z0 = np.where(z_lin > 0, z_lin, 0.05 * max(float(z_lin.max()), 1e-12))
+        base_cost = float(np.sum(resid(base) ** 2))
+        best_x, best_cost = base, base_cost
         lo = np.r_[np.zeros(k), 1.0]
         hi = np.r_[np.full(k, np.inf), self.max_overlap]
-        for g0 in self.overlap_starts:
-            x0 = np.r_[z0, min(g0, self.max_overlap)]
+        starts: list[FloatArray] = []
+        if (
+            start is not None
+            and hasattr(start, "coef_array_")
+            and start.gamma_ > 1.0
+            and start.feature_names == self.feature_names
+        ):
+            starts.append(np.r_[start.coef_array_[ident] * scale, min(start.gamma_, hi[k])])
+        else:
+            # a coefficient at 0 has no gradient once γ > 1 (0^(γ-1) = 0): start it off the
+            # bound
+            z0 = np.where(z_lin > 0, z_lin, 0.05 * max(float(z_lin.max()), 1e-12))
+            starts.extend(np.r_[z0, min(g0, self.max_overlap)] for g0 in self.overlap_starts)
+        for x0 in starts:
             x0[:k] *= math.exp(-float(np.mean(resid(x0))))  # T̂ is 1-homogeneous in coef
             x0 = np.clip(x0, lo, hi)
-            x, cost = _bounded_lm(resid, jac, x0, lo, hi)
+            x, cost = _bounded_lm(fun, x0, lo, hi)
             if np.all(np.isfinite(x)) and cost < best_cost:
                 best_x, best_cost = x, cost
         if best_x is base:
@@ -902,10 +945,9 @@ class PSOverlapThroughputModel(PSThroughputModel):
         # keep the refinement only when it pays for its extra parameter (AICc, small-sample
         # Akaike criterion on the log residuals): few points fit exactly by a free γ are
         # no evidence of overlap, and such a γ extrapolates badly
-        n = len(log_t)
         k_lin = int(np.count_nonzero(z_lin > 0))
         k_ref = int(np.count_nonzero(best_x[:k] > 0)) + 1
-        if _aicc(best_cost, k_ref, n) >= _aicc(float(np.sum(resid(base) ** 2)), k_lin, n):
+        if _aicc(best_cost, k_ref, n) >= _aicc(base_cost, k_lin, n):
             return
         z_best = np.where(best_x[:k] > 1e-12 * max(float(best_x[:k].max()), 1.0), best_x[:k], 0.0)
         g = float(best_x[k])
