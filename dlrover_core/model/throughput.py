@@ -140,7 +140,40 @@ class _LinearThroughputModel:
             return len({s.config for s in samples})
         return len({(s.workers, s.worker_cpu_cores) for s in samples})
 
-    def _validate(self, samples: Sequence[Sample]) -> None:
+    @staticmethod
+    def _rows(samples: Sequence[Sample]) -> FloatArray:
+        """(n, 6) rows: workers, ps, worker_cpu, ps_cpu, batch size (NaN: not given),
+        throughput."""
+        nan = math.nan
+        return np.array(
+            [
+                (
+                    s.workers,
+                    s.ps,
+                    s.worker_cpu_cores,
+                    s.ps_cpu_cores,
+                    nan if s.batch_size is None else s.batch_size,
+                    s.throughput_sps,
+                )
+                for s in samples
+            ],
+            dtype=np.float64,
+        ).reshape(-1, 6)
+
+    def _rows_valid(self, arr: FloatArray) -> bool:
+        """Every row passes the checks :meth:`_validate` words (one pass over the array)."""
+        w, p, lw, lp, b, x = arr.T
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(w) & (w >= 1) & (w == np.floor(w)) & np.isfinite(lw) & (lw > 0)
+            ok &= np.isfinite(x) & (x > 0) & (np.isnan(b) | (b > 0))
+            if self.uses_ps:
+                ok &= np.isfinite(p) & (p >= 1) & (p == np.floor(p))
+                ok &= np.isfinite(lp) & (lp > 0)
+        return bool(ok.all())
+
+    def _validate(self, samples: Sequence[Sample], rows: FloatArray | None = None) -> None:
+        if rows is not None and self._rows_valid(rows):
+            return  # the common case; the loop below words what is wrong
         problems: list[str] = []
         for i, s in enumerate(samples):
             row = self._config_problems(s.workers, s.ps, s.worker_cpu_cores, s.ps_cpu_cores)
@@ -156,23 +189,14 @@ class _LinearThroughputModel:
                 problems=problems,
             )
 
-    def _design(self, samples: Sequence[Sample]) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """Returns (features F, batch sizes B, measured T_iter)."""
-        arr = np.array(
-            [
-                (
-                    s.workers,
-                    s.ps,
-                    s.worker_cpu_cores,
-                    s.ps_cpu_cores,
-                    float(s.batch_size if s.batch_size is not None else self.batch_size),
-                    s.throughput_sps,
-                )
-                for s in samples
-            ],
-            dtype=np.float64,
-        ).reshape(-1, 6)
-        w, p, lw, lp, b, x = (arr[:, j] for j in range(6))
+    def _design(
+        self, samples: Sequence[Sample], rows: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Returns (features F, batch sizes B, measured T_iter); ``rows``: ``_rows(samples)``
+        when the caller has them."""
+        arr = self._rows(samples) if rows is None else rows
+        w, p, lw, lp, b, x = arr.T
+        b = np.where(np.isnan(b), float(self.batch_size), b)
         feats = self._features(w, p, lw, lp, b)
         return feats, b, w * b / x
 
@@ -223,29 +247,15 @@ class _LinearThroughputModel:
         return self._identifiability_problem(samples) is None
 
     # ----------------------------------------------------------------- fit
-    def _fixed_values(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """Inputs that never varied in ``samples``, with their one value."""
-        cols: list[tuple[str, set[float]]] = [
-            ("workers", {float(s.workers) for s in samples}),
-            ("worker_cpu", {float(s.worker_cpu_cores) for s in samples}),
-        ]
+    def _span(self, rows: FloatArray) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+        """The inputs that never varied in the fitted rows (with their one value), and the
+        (min, max) of each input: the span the data cover."""
+        cols = [("workers", 0), ("worker_cpu", 2)]
         if self.uses_ps:
-            cols += [
-                ("ps", {float(s.ps) for s in samples}),
-                ("ps_cpu", {float(s.ps_cpu_cores) for s in samples}),
-            ]
-        return {name: next(iter(vals)) for name, vals in cols if len(vals) == 1}
-
-    def _ranges(self, samples: Sequence[Sample]) -> dict[str, tuple[float, float]]:
-        """(min, max) of each input over the fitted samples: the span the data cover."""
-        cols = {
-            "workers": [float(s.workers) for s in samples],
-            "worker_cpu": [float(s.worker_cpu_cores) for s in samples],
-        }
-        if self.uses_ps:
-            cols["ps"] = [float(s.ps) for s in samples]
-            cols["ps_cpu"] = [float(s.ps_cpu_cores) for s in samples]
-        return {k: (min(v), max(v)) for k, v in cols.items()}
+            cols += [("ps", 1), ("ps_cpu", 3)]
+        lo, hi = rows[:, :4].min(axis=0).tolist(), rows[:, :4].max(axis=0).tolist()
+        fixed = {name: lo[j] for name, j in cols if lo[j] == hi[j]}
+        return fixed, {name: (lo[j], hi[j]) for name, j in cols}
 
     @staticmethod
     def _independent_columns(a: FloatArray) -> npt.NDArray[np.bool_]:
@@ -278,7 +288,14 @@ class _LinearThroughputModel:
         one of them is refused (see :meth:`span_problems`). Fewer than two distinct
         configurations identify nothing about the resources and are refused."""
         samples = list(samples)
-        self._validate(samples)
+        rows = self._checked_rows(samples)
+        self._fit_nnls(samples, rows, *self._design(samples, rows))
+        return self
+
+    def _checked_rows(self, samples: list[Sample]) -> FloatArray:
+        """``_rows(samples)`` once the samples are valid and hold two configurations."""
+        rows = self._rows(samples)
+        self._validate(samples, rows)
         n_cfg = self.count_configs(samples)
         if n_cfg < 2:
             what = "(w, p, λw, λp)" if self.uses_ps else "(w, λw)"
@@ -287,7 +304,20 @@ class _LinearThroughputModel:
                 f"learn how throughput changes with resources, got {n_cfg} (from "
                 f"{len(samples)} samples); {_PROFILE_HINT}"
             )
-        feats, b, t_meas = self._design(samples)
+        return rows
+
+    def _fit_nnls(
+        self,
+        samples: list[Sample],
+        rows: FloatArray,
+        feats: FloatArray,
+        b: FloatArray,
+        t_meas: FloatArray,
+        band: bool = True,
+    ) -> Callable[[], None]:
+        """The NNLS fit of the identifiable columns. Returns what sets its band (called
+        here unless ``band`` is False: a subclass that may replace the fit sets it only
+        when it keeps it)."""
         k = feats.shape[1]
         # relative weighting (see module docstring): row i and its target divided by T_i
         a = feats / t_meas[:, None]
@@ -301,12 +331,10 @@ class _LinearThroughputModel:
         resid = a @ coef - y  # (T̂ - T)/T
         active = coef > 0
         dof = len(y) - int(active.sum())
-        self._set_band(resid, dof, active, lambda: a)
         self.identified_ = tuple(
             n for n, keep in zip(self.feature_names, ident, strict=True) if keep
         )
-        self.fixed_inputs_ = self._fixed_values(samples)
-        self.ranges_ = self._ranges(samples)
+        self.fixed_inputs_, self.ranges_ = self._span(rows)
         self.full_rank_ = bool(ident.all())
         x_hat = 1.0 / np.maximum(a @ coef, _T_FLOOR)  # X̂/X = T/T̂
         self.coef_array_ = coef
@@ -314,8 +342,14 @@ class _LinearThroughputModel:
         self.n_configs_ = self.count_configs(samples)
         self.relative_error_ = float(np.mean(np.abs(x_hat - 1.0)))
         self.default_batch_size_ = int(Counter(b.astype(int).tolist()).most_common(1)[0][0])
-        self._cache()
-        return self
+
+        def set_band() -> None:
+            self._set_band(resid, dof, active, lambda: a)
+            self._cache()
+
+        if band:
+            set_band()
+        return set_band
 
     def span_problems(self, configs: npt.ArrayLike) -> list[str]:
         """Rows that move an input the fitted samples never varied (refused by predict)."""
@@ -875,14 +909,22 @@ class PSOverlapThroughputModel(PSThroughputModel):
         instead of tens. Ignored unless it was refined (γ > 1)."""
         samples = list(samples)
         self.gamma_ = 1.0
-        super().fit(samples)
+        rows = self._checked_rows(samples)
+        feats, b, t_meas = self._design(samples, rows)
+        set_linear_band = self._fit_nnls(samples, rows, feats, b, t_meas, band=False)
         # as many distinct configurations as the parameters it refines (identified + γ)
-        if self.max_overlap > 1.0 and self.n_configs_ >= len(self.identified_) + 1:
-            self._refine(samples, start_from)
+        if not (
+            self.max_overlap > 1.0
+            and self.n_configs_ >= len(self.identified_) + 1
+            and self._refine(feats, t_meas, start_from)
+        ):
+            set_linear_band()
         return self
 
-    def _refine(self, samples: Sequence[Sample], start: PSOverlapThroughputModel | None) -> None:
-        feats, _, t_meas = self._design(samples)
+    def _refine(
+        self, feats: FloatArray, t_meas: FloatArray, start: PSOverlapThroughputModel | None
+    ) -> bool:
+        """True when the refinement is kept (its coefficients, γ and band set)."""
         log_t = np.log(t_meas)
         # only the identified columns are refined; the others stay folded into them (0)
         ident = np.array([n in self.identified_ for n in self.feature_names])
@@ -941,14 +983,14 @@ class PSOverlapThroughputModel(PSThroughputModel):
             if np.all(np.isfinite(x)) and cost < best_cost:
                 best_x, best_cost = x, cost
         if best_x is base:
-            return
+            return False
         # keep the refinement only when it pays for its extra parameter (AICc, small-sample
         # Akaike criterion on the log residuals): few points fit exactly by a free γ are
         # no evidence of overlap, and such a γ extrapolates badly
         k_lin = int(np.count_nonzero(z_lin > 0))
         k_ref = int(np.count_nonzero(best_x[:k] > 0)) + 1
         if _aicc(best_cost, k_ref, n) >= _aicc(base_cost, k_lin, n):
-            return
+            return False
         z_best = np.where(best_x[:k] > 1e-12 * max(float(best_x[:k].max()), 1.0), best_x[:k], 0.0)
         g = float(best_x[k])
         r = resid(np.r_[z_best, g])
@@ -961,6 +1003,7 @@ class PSOverlapThroughputModel(PSThroughputModel):
         self.gamma_ = g
         self.relative_error_ = float(np.mean(np.abs(np.exp(-r) - 1.0)))
         self._cache()
+        return True
 
     # ----------------------------------------------------------------- predict / (de)serialise
     def predict(
