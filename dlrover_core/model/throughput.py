@@ -540,8 +540,20 @@ class _LinearThroughputModel:
             ]
             if span:
                 raise InputError("cannot predict outside the fitted samples' span", problems=span)
+        return self._x_grid(w, p, lw, lp, b, tuple(len(a) for a in axes))
+
+    def _x_grid(
+        self,
+        w: FloatArray,
+        p: FloatArray,
+        lw: FloatArray,
+        lp: FloatArray,
+        b: float,
+        shape: tuple[int, ...],
+    ) -> FloatArray:
+        """Throughput on the grid of the broadcast axes ``w, p, lw, lp`` (for
+        :meth:`predict_grid`, which checked them)."""
         t_hat = np.asarray(self._t_hat_terms(self._feature_terms(w, p, lw, lp, b)))
-        shape = tuple(len(a) for a in axes)
         if t_hat.shape == shape and t_hat.dtype == np.float64:
             # a new array of the grid's size: the floor and the division in place (on a
             # planner's grid of ~50k points each full-size temporary costs ~0.1 ms)
@@ -894,6 +906,14 @@ class PSOverlapThroughputModel(PSThroughputModel):
         return np.asarray(np.einsum("ij,jk,ik->i", gr, self.cov_, gr), dtype=np.float64)
 
     def _t_hat_terms(self, terms: Sequence[FloatArray | float]) -> FloatArray | float:
+        tot = self._stage_powers_sum(terms)
+        g = self.gamma_
+        if tot.ndim == 0:
+            return np.asarray(tot ** (1.0 / g), dtype=np.float64)
+        return np.asarray(np.power(tot, 1.0 / g, out=tot), dtype=np.float64)
+
+    def _stage_powers_sum(self, terms: Sequence[FloatArray | float]) -> FloatArray:
+        """Σ S_stage^γ from broadcastable feature terms: a new array (or a 0-d one)."""
         n_st = max(self.stage_of) + 1
         stages: list[FloatArray | float] = [0.0] * n_st
         for c, f, st in zip(self._coef_t, terms, self.stage_of, strict=True):
@@ -901,14 +921,33 @@ class PSOverlapThroughputModel(PSThroughputModel):
         g = self.gamma_
         # the stages live on fewer axes than the grid (the worker stage on λw alone, the
         # network on (w, p)): powered on their own shapes and added smallest first, so the
-        # grid's size is reached by one addition and one power, in place
+        # grid's size is reached by one addition (then one power, or one log, in place)
         powered = sorted((np.maximum(sv, 0.0) ** g for sv in stages), key=np.size)
         tot = np.asarray(powered[0], dtype=np.float64)
         for pw in powered[1:]:
             tot = np.asarray(tot + pw, dtype=np.float64)
-        if tot.ndim == 0 or len(powered) == 1:
-            return np.asarray(tot ** (1.0 / g), dtype=np.float64)
-        return np.asarray(np.power(tot, 1.0 / g, out=tot), dtype=np.float64)
+        return tot
+
+    def _x_grid(
+        self,
+        w: FloatArray,
+        p: FloatArray,
+        lw: FloatArray,
+        lp: FloatArray,
+        b: float,
+        shape: tuple[int, ...],
+    ) -> FloatArray:
+        """X = w·B / T̂ = exp(log(w·B) − log(Σ S^γ)/γ): on the full grid one log and one exp
+        (~20 % less than the power and the division; the same to ~1e-15)."""
+        tot = np.asarray(self._stage_powers_sum(self._feature_terms(w, p, lw, lp, b)))
+        if tot.shape != shape:
+            tot = np.array(np.broadcast_to(tot, shape), dtype=np.float64)
+        with np.errstate(divide="ignore"):  # a stage-free point: log 0 = -inf, floored
+            log_t = np.log(tot, out=tot)
+        log_t *= 1.0 / self.gamma_
+        np.maximum(log_t, math.log(_T_FLOOR), out=log_t)
+        np.subtract(np.log(w * b), log_t, out=log_t)
+        return np.asarray(np.exp(log_t, out=log_t), dtype=np.float64)
 
     # ----------------------------------------------------------------- fit
     def fit(
