@@ -809,6 +809,15 @@ def _aicc(rss: float, k: int, n: int) -> float:
     return n * math.log(max(rss, 1e-300) / n) + 2 * k + 2 * k * (k + 1) / (n - k - 1)
 
 
+@functools.cache
+def _stage_onehot(stage_of: tuple[int, ...]) -> FloatArray:
+    """Feature j's column of ones in its stage (features × stages), read-only: built once."""
+    stage = np.asarray(stage_of)
+    out = np.asarray(np.eye(int(stage.max()) + 1)[stage], dtype=np.float64)
+    out.flags.writeable = False
+    return out
+
+
 class PSOverlapThroughputModel(PSThroughputModel):
     """The PS form with the stages a worker's step waits on combined with overlap.
 
@@ -881,8 +890,7 @@ class PSOverlapThroughputModel(PSThroughputModel):
     # ----------------------------------------------------------------- the combination
     @property
     def _onehot(self) -> FloatArray:
-        stage = np.asarray(self.stage_of)
-        return np.asarray(np.eye(int(stage.max()) + 1)[stage], dtype=np.float64)
+        return _stage_onehot(self.stage_of)
 
     def _stage_sums(self, feats: FloatArray, coef: FloatArray) -> FloatArray:
         return np.asarray(np.maximum((feats * coef) @ self._onehot, 0.0), dtype=np.float64)
