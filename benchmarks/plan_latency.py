@@ -21,6 +21,10 @@ said otherwise):
   Each with the planner's remembered choice (``ModelChoice``: warm-started refit), the same
   with a cold refit (two cold starts of the overlap solver, the planner before the warm
   start), and the choice made again every call (``default_model_factory``: cross-validation).
+
+Then the warm start's fit quality: along the same runtime sequence (16 profiled
+configurations, one noisy replicate a call, 40 calls, 6 seeds), the held-out MAPE against the
+truth of the warm-started chain and of a cold fit of the same samples at every call.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlrover_core.model.throughput import ThroughputModel
+from dlrover_core.model.throughput import PSOverlapThroughputModel, ThroughputModel
 from dlrover_core.planner import planner as planner_mod
 from dlrover_core.spec import load_spec
 from dlrover_core.types import Sample
@@ -170,9 +174,42 @@ def main(argv: list[str] | None = None) -> int:
         doc["rows"].append(
             {"case": name, "model": kind, "median_ms": med, "p90_ms": p90, "ratio": med / base}
         )
+    doc["warm_start_quality"] = warm_start_quality()
     if a.json:
         a.json.write_text(json.dumps(doc, indent=2))
     return 0
+
+
+def warm_start_quality(seeds: int = 6, calls: int = 40) -> dict[str, float]:
+    print(f"\nwarm-started vs cold overlap fits, {calls} calls of +1 replicate, {seeds} seeds")
+    warm_mape, cold_mape, same = [], [], 0
+    for seed in range(seeds):
+        idx = np.random.default_rng(seed).permutation(len(GRID))
+        prof = [GRID[i] for i in idx[:16]]
+        test = np.array([GRID[i] for i in idx[16:116]], dtype=float)
+        truth = np.array([overlap_truth(*c) for c in test])
+        rng = np.random.default_rng(100 + seed)
+        samples = noisy(prof, overlap_truth, rng)
+        warm = PSOverlapThroughputModel(batch_size=B).fit(samples)
+        for i in range(calls):
+            samples = samples + noisy([prof[i % len(prof)]], overlap_truth, rng)
+            warm = PSOverlapThroughputModel(batch_size=B).fit(samples, start_from=warm)
+            cold = PSOverlapThroughputModel(batch_size=B).fit(samples)
+            pw, pc = warm.predict_many(test), cold.predict_many(test)
+            warm_mape.append(float(np.mean(np.abs(pw / truth - 1.0))))
+            cold_mape.append(float(np.mean(np.abs(pc / truth - 1.0))))
+            same += bool(np.max(np.abs(pw / pc - 1.0)) < 1e-3)
+    out = {
+        "held_out_mape_warm": float(np.mean(warm_mape)),
+        "held_out_mape_cold": float(np.mean(cold_mape)),
+        "share_same_fit": same / len(warm_mape),
+    }
+    print(
+        f"held-out MAPE: warm chain {out['held_out_mape_warm']:.2%}, cold fits "
+        f"{out['held_out_mape_cold']:.2%}; the same fit (predictions within 0.1 %) in "
+        f"{out['share_same_fit']:.0%} of the calls (elsewhere another local minimum)"
+    )
+    return out
 
 
 if __name__ == "__main__":
