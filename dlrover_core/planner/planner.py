@@ -70,8 +70,13 @@ def _baseline_ps_model(samples: Sequence[Sample], batch_size: int) -> Throughput
     return fit_throughput_model(samples, "ps", batch_size=batch_size)
 
 
-def _overlap_ps_model(samples: Sequence[Sample], batch_size: int) -> PSOverlapThroughputModel:
-    return PSOverlapThroughputModel(batch_size=batch_size).fit(samples)
+def _overlap_ps_model(
+    samples: Sequence[Sample],
+    batch_size: int,
+    start_from: PSOverlapThroughputModel | None = None,
+) -> PSOverlapThroughputModel:
+    """``start_from``: an earlier fit of this job that warm-starts the refinement."""
+    return PSOverlapThroughputModel(batch_size=batch_size).fit(samples, start_from=start_from)
 
 
 # the overlap model is weighed from this many distinct configurations (its identifiable
@@ -171,11 +176,14 @@ class ModelChoice:
     """:func:`default_model_factory` with its choice remembered: the cross-validation that
     picks the form runs when the set of measured configurations changes, not on every new
     replicate of one already measured (the runtime and the simulator add one per steady
-    window); in between, only the chosen form is refitted. One per planner (per job)."""
+    window); in between, only the chosen form is refitted, the overlap form warm-started from
+    its previous fit (a few solver steps instead of two cold starts of tens: what keeps a plan
+    under 10 ms). One per planner (per job)."""
 
     def __init__(self) -> None:
         self._configs: frozenset[tuple[int, int, float, float]] | None = None
         self._overlap = False
+        self._last_overlap: PSOverlapThroughputModel | None = None
 
     def __call__(
         self, samples: Sequence[Sample], strategy: str, batch_size: int
@@ -187,11 +195,16 @@ class ModelChoice:
             if not self._overlap:
                 return _baseline_ps_model(samples, batch_size)
             try:
-                return _overlap_ps_model(samples, batch_size)
+                fitted = _overlap_ps_model(samples, batch_size, self._last_overlap)
             except DLRoverError:
                 pass  # choose again below
+            else:
+                self._last_overlap = fitted
+                return fitted
         model = default_model_factory(samples, strategy, batch_size)
-        self._configs, self._overlap = configs, isinstance(model, PSOverlapThroughputModel)
+        self._configs = configs
+        self._overlap = isinstance(model, PSOverlapThroughputModel)
+        self._last_overlap = model if isinstance(model, PSOverlapThroughputModel) else None
         return model
 
 

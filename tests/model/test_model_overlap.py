@@ -212,3 +212,73 @@ def test_grid_of_realistic_sizes_is_in_range() -> None:
     )
     x = model.predict_many(np.array(GRID, dtype=float))
     assert np.all(np.isfinite(x)) and np.all(x > 0)
+
+
+# ---------------------------------------------------------------- warm start (plan latency)
+
+
+def _counting_lm(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the residual evaluations of every overlap refinement (one entry per solve)."""
+    from dlrover_core.model import throughput as th
+
+    real = th._bounded_lm
+    calls: list[int] = []
+
+    def counted(fun: th.ResidualFn, *args: object, **kw: object) -> object:
+        calls.append(0)
+
+        def f(x: np.ndarray) -> object:
+            calls[-1] += 1
+            return fun(x)
+
+        return real(f, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(th, "_bounded_lm", counted)
+    return calls
+
+
+def test_warm_start_reaches_the_cold_fit_in_fewer_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the runtime's case: the previous fit, then one more noisy replicate of a configuration
+    train, test = split()
+    truth = overlap_truth(OV_COEF, 2.5)
+    before = make_samples(train[:16], truth, noise=0.05)
+    prev = PSOverlapThroughputModel(batch_size=B).fit(before)
+    assert prev.gamma_ > 1.5  # refined: a start worth warming from
+    after = before + make_samples(train[3:4], truth, noise=0.05, seed=7)
+    calls = _counting_lm(monkeypatch)
+    cold = PSOverlapThroughputModel(batch_size=B).fit(after)
+    n_cold = sum(calls)
+    calls.clear()
+    warm = PSOverlapThroughputModel(batch_size=B).fit(after, start_from=prev)
+    n_warm = sum(calls)
+    assert len(calls) == 1  # one start instead of len(overlap_starts)
+    assert n_warm < 0.5 * n_cold, (n_warm, n_cold)
+    # the same minimum: predictions agree far inside the 5 % noise
+    assert warm.gamma_ == pytest.approx(cold.gamma_, rel=1e-3)
+    np.testing.assert_allclose(
+        warm.predict_many(np.array(test, dtype=float)),
+        cold.predict_many(np.array(test, dtype=float)),
+        rtol=1e-4,
+    )
+    assert warm.rel_std_ == pytest.approx(cold.rel_std_, rel=1e-4)
+
+
+def test_warm_start_from_an_unrefined_fit_is_the_cold_fit() -> None:
+    # a start at γ = 1 (the refinement was not kept) carries no overlap to warm from
+    train, _ = split()
+    truth = overlap_truth(OV_COEF, 2.5)
+    samples = make_samples(train[:12], truth, noise=0.05)
+    flat = PSOverlapThroughputModel(batch_size=B, max_overlap=1.0).fit(samples)
+    assert flat.gamma_ == 1.0
+    cold = PSOverlapThroughputModel(batch_size=B).fit(samples)
+    warm = PSOverlapThroughputModel(batch_size=B).fit(samples, start_from=flat)
+    assert warm.to_dict() == cold.to_dict()
+
+
+def test_students_t_quantile_is_scipys() -> None:
+    from scipy.stats import t as student_t
+
+    from dlrover_core.model.throughput import _t975
+
+    for dof in (1, 2, 3, 7, 30, 117, 5000):
+        assert _t975(dof) == pytest.approx(float(student_t.ppf(0.975, dof)), rel=1e-12)
