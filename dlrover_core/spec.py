@@ -527,6 +527,9 @@ class PlannerSpec(_Strict):
     max_worker_step: int | None = Field(
         default=None, ge=1, le=256, description="most workers added in one step (8)"
     )
+    max_worker_growth: float | None = Field(
+        default=None, ge=0, le=16, description="... or this share of the current count (3)"
+    )
     max_sampling_configs: int | None = Field(
         default=None, ge=0, le=64, description="configurations sampled before the model (4)"
     )
@@ -545,6 +548,11 @@ class PlannerSpec(_Strict):
     idle_ps_cpu_util: float | None = Field(
         default=None, ge=0, lt=1, description="PS below this busy are idle (0.4)"
     )
+
+    idle_worker_cpu_util: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="workers all below this busy get less CPU, once a run (0.6; 0: never)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _check_utils(self) -> PlannerSpec:

@@ -31,7 +31,7 @@ class PlannerConfig:
     max_worker_step: int = 8  # DLRover: ≤ +8 workers per step
     # ... or this share of the current count when larger (ours: a job whose best size is
     # 100+ workers needs a dozen +8 steps, each a pause and a re-plan interval)
-    max_worker_growth: float = 1.0
+    max_worker_growth: float = 3.0
     ps_saturation_util: float = 0.95  # DLRover: stop adding workers if a PS is this busy
     min_marginal_speed_ratio: float = 0.2  # DLRover: (ΔX/Δw)/(X/w)
     deceleration: float = 0.2  # DLRover: speed down ≥ 20 % after a change -> revert
@@ -89,6 +89,7 @@ class PlannerConfig:
     hot_ps_memory_step_mib: int = 8_192  # DLRover: +8 GiB
     idle_ps_cpu_util: float = 0.4
     idle_min_remaining_s: float = 3600.0
+    idle_worker_cpu_util: float = 0.6  # every worker under this for the window: trim CPU
     idle_target_util: float = 0.7
     idle_min_cut: float = 0.25  # idle PS next to busy ones: move them if that frees this share
     straggler_ratio: float = 0.5

@@ -98,12 +98,17 @@ def post_scale(
         return plan
     # shrinking idle PS only saves cost: never while configurations are being sampled (the
     # next sample or the model re-sizes the PS anyway) and at most once per run
-    if current.stage is not Stage.SAMPLING and not any(p.action == IDLE_PS for p in past_plans):
-        return _idle_ps(spec, cfg, bounds, current, observations, now_s)
-    return None
+    if current.stage is Stage.SAMPLING:
+        return None
+    if not any(p.action == IDLE_PS for p in past_plans):
+        plan = _idle_ps(spec, cfg, bounds, current, observations, now_s)
+    if plan is None and not any(p.action == IDLE_WORKERS for p in past_plans):
+        plan = _idle_workers(cfg, bounds, current, observations, now_s)
+    return plan
 
 
 IDLE_PS = "idle_ps"
+IDLE_WORKERS = "idle_workers"
 
 
 def _headroom(bounds: JobBounds, plan: ResourcePlan) -> NodeResources:
@@ -433,3 +438,42 @@ def _idle_ps_nodes(
     return _with(
         current, now_s, reasons, overrides=_merge(current.overrides, moves), action=IDLE_PS
     )
+
+
+def _idle_workers(
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    observations: Sequence[Observation],
+    now_s: float,
+) -> ResourcePlan | None:
+    """Workers that wait on the PS or the network use a fraction of their CPU for as long as
+    the configuration holds: when the busiest uses under ``idle_worker_cpu_util`` of it over
+    the window and an hour is left, CPU per worker drops to what they use at
+    ``idle_target_util`` (once a run, DLRover's "CPU = observed use" made a rule)."""
+    w = current.workers
+    if w.count == 0 or bounds.workers.pinned_cpu_millicores is not None:
+        return None
+    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    if not window or window[-1].throughput_sps <= 0:
+        return None
+    last = window[-1]
+    remaining_s = (last.samples_total - last.samples_done) / last.throughput_sps
+    if not math.isfinite(remaining_s) or remaining_s < cfg.idle_min_remaining_s:
+        return None
+    nodes = [n for o in window for n in o.of(Role.WORKER)]
+    if not nodes or any(n.cpu_util >= cfg.idle_worker_cpu_util for n in nodes):
+        return None
+    peak = max(n.cpu_used_millicores for n in nodes)
+    new_cpu = bounds.workers.cpu(
+        round_up_level(peak / cfg.idle_target_util, cfg.cpu_levels_millicores)
+    )
+    if new_cpu >= w.resources.cpu_millicores:
+        return None
+    reasons = [
+        f"idle workers (CPU < {cfg.idle_worker_cpu_util:.0%} for {cfg.hot_window} samples, "
+        f"~{math.ceil(remaining_s / 60)} min left): {new_cpu / 1000:g} CPU each"
+    ]
+    new_w = RolePlan(w.count, NodeResources(new_cpu, w.resources.memory_mib))
+    keep = tuple(o for o in current.overrides if o.role is not Role.WORKER)
+    return _with(current, now_s, reasons, workers=new_w, overrides=keep, action=IDLE_WORKERS)

@@ -51,7 +51,8 @@ def test_idle_ps_grows_workers_until_the_ps_would_be_busy() -> None:
     spec = make_spec(quota={"cpu": 640, "memory": "2560Gi"})
     cur = make_plan((10, 2000, 4096), (2, 8000, 8192))
     obs = [make_obs(600.0, ps_util=(0.2, 0.25), ps_cpu=8000, worker_speeds=[80.0] * 10)]
-    cands = bottleneck_candidates(cur, JobBounds.from_spec(spec), PlannerConfig(), obs)
+    cfg = PlannerConfig(max_worker_growth=1.0)
+    cands = bottleneck_candidates(cur, JobBounds.from_spec(spec), cfg, obs)
     assert [c[2] for c in cands] == ["PS under their target: more workers"]
     assert cands[0][0].count == 20  # ceil(10 × 0.85 / 0.25) = 34, bounded by +10 (×2)
 
@@ -61,7 +62,9 @@ def test_untrusted_model_with_no_sampling_left_follows_the_bottleneck_rule() -> 
     sampling is left, and every PS hot (stage 3 leaves capacity to stage 2): the planner
     still acts on the bottleneck (it used to keep the slow configuration)."""
     spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
-    cfg = PlannerConfig.from_spec(spec, max_trust_rel_error=0.0, max_sampling_configs=1)
+    cfg = PlannerConfig.from_spec(
+        spec, max_trust_rel_error=0.0, max_sampling_configs=1, idle_worker_cpu_util=0.0
+    )
     planner = Planner(spec, cfg)
     cur = make_plan((4, 2000, 4096), (2, 1000, 8192), created_at_s=0.0, stage=Stage.SCALING)
     rng = np.random.default_rng(0)
@@ -148,7 +151,7 @@ def _stall_replan(
     """A trusted model whose best move saves nothing (stubbed: the rule under test is what
     the planner does next), the current configuration measured five times."""
     spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
-    planner = Planner(spec, PlannerConfig.from_spec(spec))
+    planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
     monkeypatch.setattr(planner, "_model_move", lambda *a, **k: (None, "nothing saves", None))
     cur = make_plan((6, 2000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
     samples = exact_samples(STALL_COEF, GRID_CONFIGS)
@@ -200,7 +203,7 @@ def test_a_probe_that_paid_allows_the_next(
     """The run went from 1 PS to 2 by a probe: 20 % faster measured allows 4 PS next; 2 %
     faster (under ``stall_min_gain``) ends the probing."""
     spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
-    planner = Planner(spec, PlannerConfig.from_spec(spec))
+    planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
     monkeypatch.setattr(planner, "_model_move", lambda *a, **k: (None, "nothing saves", None))
     before = make_plan((6, 2000, 4096), (1, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
     cur = before.replace(ps=before.ps.__class__(2, before.ps.resources), action=STALL_ACTION)

@@ -114,7 +114,7 @@ def test_the_pause_costs_from_the_spec_change_the_decision() -> None:
 
 
 def test_max_worker_step_from_the_spec_bounds_the_step() -> None:
-    d = planner_with(WB, planner={"max_worker_step": 2}).replan(
+    d = planner_with(WB, planner={"max_worker_step": 2, "max_worker_growth": 0}).replan(
         CURRENT, [], truth_at(CURRENT), 20.0
     )
     assert d.plan is not None and d.plan.workers.count == CURRENT.workers.count + 2

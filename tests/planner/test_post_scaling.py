@@ -28,13 +28,18 @@ BIG = {"cpu": 32, "memory": "64Gi"}
 
 
 def run(
-    current: ResourcePlan, observations: list[Observation], now_s: float = 140.0, **spec: Any
+    current: ResourcePlan,
+    observations: list[Observation],
+    now_s: float = 140.0,
+    idle_workers: float = 0.0,
+    **spec: Any,
 ) -> ResourcePlan | None:
     s = make_spec(**{"quota": BIG, **spec})
     # the hot-PS cases below derive their numbers from doubling (factor 2)
-    plan = post_scale(
-        s, PlannerConfig.from_spec(s, hot_ps_cpu_factor=2.0), current, observations, now_s
-    )
+    # the idle-workers rule is off here (the factories' workers use half their CPU); its
+    # own tests turn it on
+    cfg = PlannerConfig.from_spec(s, hot_ps_cpu_factor=2.0, idle_worker_cpu_util=idle_workers)
+    plan = post_scale(s, cfg, current, observations, now_s)
     if plan is not None:
         assert plan.stage is Stage.POST_SCALING
         assert plan.created_at_s == now_s
@@ -277,6 +282,37 @@ def test_idle_shrink_drops_ps_overrides_but_keeps_worker_ones() -> None:
     plan = run(current, obs)
     assert plan is not None
     assert plan.overrides == (worker_o,)
+
+
+@pytest.mark.parametrize(
+    ("util", "samples_done", "new_cpu"),
+    [
+        (0.3, 0, 1000),  # 0.3 × 2000 = 600 used; 600 / 0.7 = 857 -> 1 CPU
+        (0.55, 0, 2000),  # 1100 / 0.7 = 1571 -> 2000: no cut, no change
+        (0.7, 0, None),  # busy enough
+        (0.3, 9_400_000, None),  # 3000 s left: under an hour
+    ],
+)
+def test_idle_workers_get_the_cpu_they_use(
+    util: float, samples_done: int, new_cpu: int | None
+) -> None:
+    """Every worker under 60 % of its CPU for the window (waiting on the PS), an hour left:
+    CPU per worker drops to what they use at 70 %, the count and the PS kept."""
+    current = make_plan((2, 2000, 4096), (2, 2000, 4096), created_at_s=T0)
+    busy = [node(Role.WORKER, i, cpu=2000, mem=4096, cpu_util=util, speed=100) for i in (0, 1)]
+    obs = [
+        Observation(T0 + 10 * i, (*make_obs(0, ps_util=[0.5, 0.5], ps_cpu=2000).of(Role.PS),
+                                  *busy), 200.0, samples_done, 10_000_000)
+        for i in (1, 2, 3)
+    ]  # fmt: skip
+    plan = run(current, obs, idle_workers=0.6)
+    if new_cpu is None or new_cpu == 2000:
+        assert plan is None
+        return
+    assert plan is not None and plan.action == "idle_workers"
+    assert plan.workers == current.workers.__class__(2, NodeResources(new_cpu, 4096))
+    assert plan.ps == current.ps
+    assert "idle workers" in plan.reasons[0]
 
 
 # --- stragglers -------------------------------------------------------------------------------
