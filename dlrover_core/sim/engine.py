@@ -146,6 +146,15 @@ class _Run:
     n_alloc: int = 0
     up_workers: list[_Node] = field(default_factory=list)
     ps_all_up: bool = False
+    # set by every full ``_refresh`` (which follows every change to the nodes): the earliest
+    # time a node of the run comes up (INF: none down), whether a node waits for capacity,
+    # and whether the job was paused then; between changes the up set is constant until
+    # ``next_up_s``, so an event before it finds the same state (-INF: never refreshed)
+    next_up_s: float = -INF
+    any_pending: bool = False
+    paused_at_refresh: bool = False
+    total_of: ResourcePlan | None = None  # the plan ``plan_total`` is the total of
+    plan_total: NodeResources | None = None
     rate_key: tuple[Any, ...] | None = None  # what x, w_used, p_used were computed from
     oom_key: tuple[float, ...] | None = None  # PS memory limits n_oom was computed for
     n_oom: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -260,6 +269,14 @@ class Engine:
         return _Node(Role.WORKER, node_id, res, speed, up)
 
     # ---- state of one run ----------------------------------------------------------------
+    def _refresh_event(self, run: _Run, t: float) -> None:
+        """``_refresh`` at an event that changed no node: a no-op while no node has come up
+        and the pause has not ended since the last full refresh (every change to a run's
+        nodes or pause is followed by a full ``_refresh``), else the full one."""
+        if t < run.next_up_s and (t < run.paused_until) == run.paused_at_refresh:
+            return
+        self._refresh(run, t)
+
     def _refresh(self, run: _Run, t: float) -> None:
         """Recompute the piecewise-constant rate and usage after any change at time t.
 
@@ -267,14 +284,44 @@ class Engine:
         the pause: most events (policy calls) leave those unchanged, so they are memoised on
         the run and recomputed only when they change (same values, not an approximation)."""
         truth = run.job.truth
-        nodes = run.workers + run.ps
-        alloc = [n for n in nodes if n.pending is None]
-        run.alloc_cpu_m = sum(n.res.cpu_millicores for n in alloc)
-        run.alloc_mem = sum(n.res.memory_mib for n in alloc)
-        run.n_alloc = len(alloc)
-        run.up_workers = [n for n in run.workers if n.down_until <= t]
-        run.ps_all_up = all(n.down_until <= t for n in run.ps) and bool(run.ps)
+        cpu_m = mem = n_alloc = 0
+        next_up = INF
+        any_pending = False
+        up_workers = []
+        for n in run.workers:
+            if n.pending is None:
+                cpu_m += n.res.cpu_millicores
+                mem += n.res.memory_mib
+                n_alloc += 1
+            else:
+                any_pending = True
+            d = n.down_until
+            if d <= t:
+                up_workers.append(n)
+            elif d < next_up:
+                next_up = d
+        ps_all_up = bool(run.ps)
+        for n in run.ps:
+            if n.pending is None:
+                cpu_m += n.res.cpu_millicores
+                mem += n.res.memory_mib
+                n_alloc += 1
+            else:
+                any_pending = True
+            d = n.down_until
+            if d > t:
+                ps_all_up = False
+                if d < next_up:
+                    next_up = d
+        run.alloc_cpu_m = cpu_m
+        run.alloc_mem = mem
+        run.n_alloc = n_alloc
+        run.up_workers = up_workers
+        run.ps_all_up = ps_all_up
+        run.next_up_s = next_up
+        run.any_pending = any_pending
         paused = t < run.paused_until
+        run.paused_at_refresh = paused
         key = (
             tuple((n.res.cpu_millicores, n.speed) for n in run.up_workers),
             tuple(n.res.cpu_millicores for n in run.ps),
@@ -407,9 +454,13 @@ class Engine:
         cands = [run.next_policy_s]
         if run.paused_until > t:
             cands.append(run.paused_until)
-        for n in run.workers + run.ps:
-            if t < n.down_until < INF:
-                cands.append(n.down_until)
+        if run.next_up_s > t:  # no node came up since the last refresh: the same minimum
+            if run.next_up_s < INF:
+                cands.append(run.next_up_s)
+        else:
+            for n in run.workers + run.ps:
+                if t < n.down_until < INF:
+                    cands.append(n.down_until)
         total = run.job.samples_total
         if run.x > 0:
             cands.append(t + (total - run.done) / run.x)
@@ -751,10 +802,7 @@ class Engine:
     def _try_admit(self, t: float) -> None:
         for idx in sorted(self.running):
             run = self.runs[idx]
-            if run.status == "running" and (
-                run.pending_plan is not None
-                or any(n.pending is not None for n in run.workers + run.ps)
-            ):
+            if run.status == "running" and (run.pending_plan is not None or run.any_pending):
                 self._advance(run, t)
                 changed = self._retry_pending_nodes(run, t)
                 if run.pending_plan is not None:
@@ -765,7 +813,10 @@ class Engine:
         blocked = False
         for run in self.queue:
             assert run.plan is not None
-            tot = run.plan.total
+            if run.total_of is not run.plan:
+                run.total_of, run.plan_total = run.plan, run.plan.total
+            tot = run.plan_total
+            assert tot is not None
             if not blocked and self._fits(tot.cpu_millicores, tot.memory_mib):
                 self._start(run, t)
                 self._schedule(run.job.index, t)
@@ -795,7 +846,7 @@ class Engine:
         if frac is not None and run.done >= frac * total * (1 - 1e-9) - 1e-6:
             self._finish(run, t, False, "fatal code error")
             return
-        self._refresh(run, t)
+        self._refresh_event(run, t)
         # OOM: any up node above its limit
         for n in run.up_workers:
             if truth.worker_memory_mib > n.res.memory_mib:
