@@ -67,6 +67,15 @@ _new = object.__new__
 _set = object.__setattr__
 
 
+def _sample(fields: dict[str, Any]) -> Sample:
+    """``Sample(**fields)`` (every field given, by name) without the frozen dataclass's
+    field-by-field ``object.__setattr__``: one is built per steady window of every running
+    job. The same value: tests/sim compares the two."""
+    o = _new(Sample)
+    _set(o, "__dict__", fields)
+    return o
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     worker_pause_s: float = 30.0  # job-wide pause when workers are added/resized
@@ -404,28 +413,34 @@ class Engine:
         p = len(run.ps)
         pmax = (
             truth.ps_base_memory_mib
-            + float(truth.memory_shares(p).max()) * (truth.dense_memory_mib + ids * truth.row_mib)
+            + truth.max_memory_share(p) * (truth.dense_memory_mib + ids * truth.row_mib)
             if p
             else None
         )
-        w, wc = len(run.workers), run.plan.workers.resources.cpu_cores
-        pc = run.plan.ps.resources.cpu_cores
-        for i in range(gs.size):
-            run.samples.append(
-                Sample(
-                    workers=w,
-                    ps=p,
-                    worker_cpu_cores=wc,
-                    ps_cpu_cores=pc,
-                    throughput_sps=run.x * float(noise[i]),
-                    batch_size=run.job.batch_size,
-                    worker_memory_mib=truth.worker_memory_mib,
-                    ps_memory_mib=float(pmax[i]) if pmax is not None else None,
-                    ps_cpu_util=ps_util,
-                    worker_cpu_util=w_util,
-                    timestamp_s=float(gs[i]),
-                )
-            )
+        # every field but the throughput, the PS memory and the time is the window's own
+        base = {
+            "workers": len(run.workers),
+            "ps": p,
+            "worker_cpu_cores": run.plan.workers.resources.cpu_cores,
+            "ps_cpu_cores": run.plan.ps.resources.cpu_cores,
+            "throughput_sps": 0.0,
+            "batch_size": run.job.batch_size,
+            "worker_memory_mib": truth.worker_memory_mib,
+            "ps_memory_mib": None,
+            "ps_cpu_util": ps_util,
+            "worker_cpu_util": w_util,
+            "timestamp_s": None,
+        }
+        x = run.x
+        pm = pmax.tolist() if pmax is not None else None
+        append = run.samples.append
+        for i, (nz, g) in enumerate(zip(noise.tolist(), gs.tolist(), strict=True)):
+            d = base.copy()
+            d["throughput_sps"] = x * nz
+            if pm is not None:
+                d["ps_memory_mib"] = pm[i]
+            d["timestamp_s"] = g
+            append(_sample(d))
         if len(run.samples) > self.cfg.keep_samples:
             del run.samples[: -self.cfg.keep_samples]
 
@@ -445,7 +460,7 @@ class Engine:
         if run.ps_all_up:
             pm = self._ps_mem(run, 0.5 * (n0 + run.done))
             mem += float(pm.sum())
-            run.peak_p_mem = max(run.peak_p_mem, float(self._ps_mem(run, run.done).max()))
+            run.peak_p_mem = max(run.peak_p_mem, truth.ps_memory_peak(len(run.ps), run.done))
         run.mem_used_ms += mem * dt
         run.hazard += run.n_alloc * self._fail_rate * dt
         run.t_last = t
@@ -550,6 +565,7 @@ class Engine:
         truth = run.job.truth
         noise = float(np.exp(run.rng_noise.normal(0.0, truth.noise_sigma)))
         nodes: list[NodeObservation] = []
+        append = nodes.append
         up_i = 0
         w_total_speed = sum(n.speed for n in run.up_workers) or 1.0
         pmem = self._ps_mem(run, run.done).tolist()
@@ -557,46 +573,39 @@ class Engine:
         p_used = run.p_used.tolist()
         x_noise = run.x * noise
         w_mem = int(truth.worker_memory_mib)
+        since = run.config_since
+        worker, ps, running = Role.WORKER, Role.PS, NodeState.RUNNING
+        new, set_ = _new, _set  # running nodes as _node_observation builds them, inlined
         for n in run.workers:
             if n.down_until <= t:
                 used = w_used[up_i] if up_i < len(w_used) else 0.0
                 up_i += 1
-                nodes.append(
-                    _node_observation(
-                        Role.WORKER,
-                        n.node_id,
-                        NodeState.RUNNING,
-                        n.res,
-                        int(used * 1000),
-                        w_mem,
-                        run.config_since,
-                        x_noise * n.speed / w_total_speed,
-                    )
-                )
+                o = new(NodeObservation)
+                set_(o, "__dict__", {
+                    "role": worker, "node_id": n.node_id, "state": running, "allocated": n.res,
+                    "cpu_used_millicores": int(used * 1000), "memory_used_mib": w_mem,
+                    "state_since_s": since, "throughput_sps": x_noise * n.speed / w_total_speed,
+                })  # fmt: skip
+                append(o)
             else:
-                nodes.append(
+                append(
                     NodeObservation(
-                        Role.WORKER, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                        worker, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
                     )
                 )
         for i, n in enumerate(run.ps):
             if n.down_until <= t and p_used:
-                nodes.append(
-                    _node_observation(
-                        Role.PS,
-                        n.node_id,
-                        NodeState.RUNNING,
-                        n.res,
-                        int(p_used[i] * 1000),
-                        int(pmem[i]),
-                        run.config_since,
-                        0.0,
-                    )
-                )
+                o = new(NodeObservation)
+                set_(o, "__dict__", {
+                    "role": ps, "node_id": n.node_id, "state": running, "allocated": n.res,
+                    "cpu_used_millicores": int(p_used[i] * 1000), "memory_used_mib": int(pmem[i]),
+                    "state_since_s": since, "throughput_sps": 0.0,
+                })  # fmt: skip
+                append(o)
             else:
-                nodes.append(
+                append(
                     NodeObservation(
-                        Role.PS, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                        ps, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
                     )
                 )
         if run.pending_plan is not None:

@@ -495,20 +495,28 @@ class AutopilotPolicy(FixedInterval):
         now_s: float,
     ) -> ResourcePlan | None:
         last = self._seen.get(job.name, -1.0)
+        running = NodeState.RUNNING
         for obs in observations:
             if obs.time_s <= last:
                 continue
+            # per role, the largest CPU and memory use of a running node (one pass)
+            peak: dict[Role, list[int]] = {}
+            for n in obs.nodes:
+                if n.state is running:
+                    pk = peak.get(n.role)
+                    if pk is None:
+                        peak[n.role] = [n.cpu_used_millicores, n.memory_used_mib]
+                    else:
+                        if n.cpu_used_millicores > pk[0]:
+                            pk[0] = n.cpu_used_millicores
+                        if n.memory_used_mib > pk[1]:
+                            pk[1] = n.memory_used_mib
             for role in (Role.WORKER, Role.PS):
-                nodes = obs.of(role)
-                if not nodes:
+                pk = peak.get(role)
+                if pk is None:
                     continue
                 live = self._live.setdefault((job.name, role), [])
-                live.append(
-                    (
-                        max(n.cpu_used_millicores for n in nodes),
-                        max(n.memory_used_mib for n in nodes),
-                    )
-                )
+                live.append((pk[0], pk[1]))
                 del live[: -self.window]
             last = obs.time_s
         self._seen[job.name] = last
