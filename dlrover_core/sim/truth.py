@@ -224,13 +224,6 @@ class JobTruth:
         return float(self.ps_oom_samples_each(p, ps_limits_mib).min())
 
     # ---- oracle ----------------------------------------------------------------------
-    def remember_oracle(
-        self, quota_cpu_cores: float, quota_memory_mib: float, cfg: OracleConfig
-    ) -> None:
-        """Keep an oracle configuration computed elsewhere (e.g. in a worker process) for
-        this quota: :meth:`oracle_config` returns it without a search."""
-        self._oracle[(int(quota_cpu_cores * 1000), int(quota_memory_mib))] = cfg
-
     def oracle_config(self, quota_cpu_cores: float, quota_memory_mib: float) -> OracleConfig:
         """Best configuration within the quota, knowing the truth.
 
