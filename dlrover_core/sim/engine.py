@@ -67,6 +67,15 @@ _new = object.__new__
 _set = object.__setattr__
 
 
+def _sample(fields: dict[str, Any]) -> Sample:
+    """``Sample(**fields)`` (every field given, by name) without the frozen dataclass's
+    field-by-field ``object.__setattr__``: one is built per steady window of every running
+    job. The same value: tests/sim compares the two."""
+    o = _new(Sample)
+    _set(o, "__dict__", fields)
+    return o
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     worker_pause_s: float = 30.0  # job-wide pause when workers are added/resized
@@ -146,6 +155,15 @@ class _Run:
     n_alloc: int = 0
     up_workers: list[_Node] = field(default_factory=list)
     ps_all_up: bool = False
+    # set by every full ``_refresh`` (which follows every change to the nodes): the earliest
+    # time a node of the run comes up (INF: none down), whether a node waits for capacity,
+    # and whether the job was paused then; between changes the up set is constant until
+    # ``next_up_s``, so an event before it finds the same state (-INF: never refreshed)
+    next_up_s: float = -INF
+    any_pending: bool = False
+    paused_at_refresh: bool = False
+    total_of: ResourcePlan | None = None  # the plan ``plan_total`` is the total of
+    plan_total: NodeResources | None = None
     rate_key: tuple[Any, ...] | None = None  # what x, w_used, p_used were computed from
     oom_key: tuple[float, ...] | None = None  # PS memory limits n_oom was computed for
     n_oom: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -260,6 +278,14 @@ class Engine:
         return _Node(Role.WORKER, node_id, res, speed, up)
 
     # ---- state of one run ----------------------------------------------------------------
+    def _refresh_event(self, run: _Run, t: float) -> None:
+        """``_refresh`` at an event that changed no node: a no-op while no node has come up
+        and the pause has not ended since the last full refresh (every change to a run's
+        nodes or pause is followed by a full ``_refresh``), else the full one."""
+        if t < run.next_up_s and (t < run.paused_until) == run.paused_at_refresh:
+            return
+        self._refresh(run, t)
+
     def _refresh(self, run: _Run, t: float) -> None:
         """Recompute the piecewise-constant rate and usage after any change at time t.
 
@@ -267,14 +293,44 @@ class Engine:
         the pause: most events (policy calls) leave those unchanged, so they are memoised on
         the run and recomputed only when they change (same values, not an approximation)."""
         truth = run.job.truth
-        nodes = run.workers + run.ps
-        alloc = [n for n in nodes if n.pending is None]
-        run.alloc_cpu_m = sum(n.res.cpu_millicores for n in alloc)
-        run.alloc_mem = sum(n.res.memory_mib for n in alloc)
-        run.n_alloc = len(alloc)
-        run.up_workers = [n for n in run.workers if n.down_until <= t]
-        run.ps_all_up = all(n.down_until <= t for n in run.ps) and bool(run.ps)
+        cpu_m = mem = n_alloc = 0
+        next_up = INF
+        any_pending = False
+        up_workers = []
+        for n in run.workers:
+            if n.pending is None:
+                cpu_m += n.res.cpu_millicores
+                mem += n.res.memory_mib
+                n_alloc += 1
+            else:
+                any_pending = True
+            d = n.down_until
+            if d <= t:
+                up_workers.append(n)
+            elif d < next_up:
+                next_up = d
+        ps_all_up = bool(run.ps)
+        for n in run.ps:
+            if n.pending is None:
+                cpu_m += n.res.cpu_millicores
+                mem += n.res.memory_mib
+                n_alloc += 1
+            else:
+                any_pending = True
+            d = n.down_until
+            if d > t:
+                ps_all_up = False
+                if d < next_up:
+                    next_up = d
+        run.alloc_cpu_m = cpu_m
+        run.alloc_mem = mem
+        run.n_alloc = n_alloc
+        run.up_workers = up_workers
+        run.ps_all_up = ps_all_up
+        run.next_up_s = next_up
+        run.any_pending = any_pending
         paused = t < run.paused_until
+        run.paused_at_refresh = paused
         key = (
             tuple((n.res.cpu_millicores, n.speed) for n in run.up_workers),
             tuple(n.res.cpu_millicores for n in run.ps),
@@ -357,28 +413,34 @@ class Engine:
         p = len(run.ps)
         pmax = (
             truth.ps_base_memory_mib
-            + float(truth.memory_shares(p).max()) * (truth.dense_memory_mib + ids * truth.row_mib)
+            + truth.max_memory_share(p) * (truth.dense_memory_mib + ids * truth.row_mib)
             if p
             else None
         )
-        w, wc = len(run.workers), run.plan.workers.resources.cpu_cores
-        pc = run.plan.ps.resources.cpu_cores
-        for i in range(gs.size):
-            run.samples.append(
-                Sample(
-                    workers=w,
-                    ps=p,
-                    worker_cpu_cores=wc,
-                    ps_cpu_cores=pc,
-                    throughput_sps=run.x * float(noise[i]),
-                    batch_size=run.job.batch_size,
-                    worker_memory_mib=truth.worker_memory_mib,
-                    ps_memory_mib=float(pmax[i]) if pmax is not None else None,
-                    ps_cpu_util=ps_util,
-                    worker_cpu_util=w_util,
-                    timestamp_s=float(gs[i]),
-                )
-            )
+        # every field but the throughput, the PS memory and the time is the window's own
+        base = {
+            "workers": len(run.workers),
+            "ps": p,
+            "worker_cpu_cores": run.plan.workers.resources.cpu_cores,
+            "ps_cpu_cores": run.plan.ps.resources.cpu_cores,
+            "throughput_sps": 0.0,
+            "batch_size": run.job.batch_size,
+            "worker_memory_mib": truth.worker_memory_mib,
+            "ps_memory_mib": None,
+            "ps_cpu_util": ps_util,
+            "worker_cpu_util": w_util,
+            "timestamp_s": None,
+        }
+        x = run.x
+        pm = pmax.tolist() if pmax is not None else None
+        append = run.samples.append
+        for i, (nz, g) in enumerate(zip(noise.tolist(), gs.tolist(), strict=True)):
+            d = base.copy()
+            d["throughput_sps"] = x * nz
+            if pm is not None:
+                d["ps_memory_mib"] = pm[i]
+            d["timestamp_s"] = g
+            append(_sample(d))
         if len(run.samples) > self.cfg.keep_samples:
             del run.samples[: -self.cfg.keep_samples]
 
@@ -398,7 +460,7 @@ class Engine:
         if run.ps_all_up:
             pm = self._ps_mem(run, 0.5 * (n0 + run.done))
             mem += float(pm.sum())
-            run.peak_p_mem = max(run.peak_p_mem, float(self._ps_mem(run, run.done).max()))
+            run.peak_p_mem = max(run.peak_p_mem, truth.ps_memory_peak(len(run.ps), run.done))
         run.mem_used_ms += mem * dt
         run.hazard += run.n_alloc * self._fail_rate * dt
         run.t_last = t
@@ -407,9 +469,13 @@ class Engine:
         cands = [run.next_policy_s]
         if run.paused_until > t:
             cands.append(run.paused_until)
-        for n in run.workers + run.ps:
-            if t < n.down_until < INF:
-                cands.append(n.down_until)
+        if run.next_up_s > t:  # no node came up since the last refresh: the same minimum
+            if run.next_up_s < INF:
+                cands.append(run.next_up_s)
+        else:
+            for n in run.workers + run.ps:
+                if t < n.down_until < INF:
+                    cands.append(n.down_until)
         total = run.job.samples_total
         if run.x > 0:
             cands.append(t + (total - run.done) / run.x)
@@ -499,6 +565,7 @@ class Engine:
         truth = run.job.truth
         noise = float(np.exp(run.rng_noise.normal(0.0, truth.noise_sigma)))
         nodes: list[NodeObservation] = []
+        append = nodes.append
         up_i = 0
         w_total_speed = sum(n.speed for n in run.up_workers) or 1.0
         pmem = self._ps_mem(run, run.done).tolist()
@@ -506,46 +573,39 @@ class Engine:
         p_used = run.p_used.tolist()
         x_noise = run.x * noise
         w_mem = int(truth.worker_memory_mib)
+        since = run.config_since
+        worker, ps, running = Role.WORKER, Role.PS, NodeState.RUNNING
+        new, set_ = _new, _set  # running nodes as _node_observation builds them, inlined
         for n in run.workers:
             if n.down_until <= t:
                 used = w_used[up_i] if up_i < len(w_used) else 0.0
                 up_i += 1
-                nodes.append(
-                    _node_observation(
-                        Role.WORKER,
-                        n.node_id,
-                        NodeState.RUNNING,
-                        n.res,
-                        int(used * 1000),
-                        w_mem,
-                        run.config_since,
-                        x_noise * n.speed / w_total_speed,
-                    )
-                )
+                o = new(NodeObservation)
+                set_(o, "__dict__", {
+                    "role": worker, "node_id": n.node_id, "state": running, "allocated": n.res,
+                    "cpu_used_millicores": int(used * 1000), "memory_used_mib": w_mem,
+                    "state_since_s": since, "throughput_sps": x_noise * n.speed / w_total_speed,
+                })  # fmt: skip
+                append(o)
             else:
-                nodes.append(
+                append(
                     NodeObservation(
-                        Role.WORKER, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                        worker, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
                     )
                 )
         for i, n in enumerate(run.ps):
             if n.down_until <= t and p_used:
-                nodes.append(
-                    _node_observation(
-                        Role.PS,
-                        n.node_id,
-                        NodeState.RUNNING,
-                        n.res,
-                        int(p_used[i] * 1000),
-                        int(pmem[i]),
-                        run.config_since,
-                        0.0,
-                    )
-                )
+                o = new(NodeObservation)
+                set_(o, "__dict__", {
+                    "role": ps, "node_id": n.node_id, "state": running, "allocated": n.res,
+                    "cpu_used_millicores": int(p_used[i] * 1000), "memory_used_mib": int(pmem[i]),
+                    "state_since_s": since, "throughput_sps": 0.0,
+                })  # fmt: skip
+                append(o)
             else:
-                nodes.append(
+                append(
                     NodeObservation(
-                        Role.PS, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                        ps, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
                     )
                 )
         if run.pending_plan is not None:
@@ -751,10 +811,7 @@ class Engine:
     def _try_admit(self, t: float) -> None:
         for idx in sorted(self.running):
             run = self.runs[idx]
-            if run.status == "running" and (
-                run.pending_plan is not None
-                or any(n.pending is not None for n in run.workers + run.ps)
-            ):
+            if run.status == "running" and (run.pending_plan is not None or run.any_pending):
                 self._advance(run, t)
                 changed = self._retry_pending_nodes(run, t)
                 if run.pending_plan is not None:
@@ -765,7 +822,10 @@ class Engine:
         blocked = False
         for run in self.queue:
             assert run.plan is not None
-            tot = run.plan.total
+            if run.total_of is not run.plan:
+                run.total_of, run.plan_total = run.plan, run.plan.total
+            tot = run.plan_total
+            assert tot is not None
             if not blocked and self._fits(tot.cpu_millicores, tot.memory_mib):
                 self._start(run, t)
                 self._schedule(run.job.index, t)
@@ -795,7 +855,7 @@ class Engine:
         if frac is not None and run.done >= frac * total * (1 - 1e-9) - 1e-6:
             self._finish(run, t, False, "fatal code error")
             return
-        self._refresh(run, t)
+        self._refresh_event(run, t)
         # OOM: any up node above its limit
         for n in run.up_workers:
             if truth.worker_memory_mib > n.res.memory_mib:

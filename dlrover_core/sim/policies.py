@@ -22,6 +22,7 @@ from dlrover_core.faults import ExitClass, OomBump
 from dlrover_core.types import (
     HistoryRecord,
     NodeResources,
+    NodeState,
     Observation,
     ResourcePlan,
     Role,
@@ -236,41 +237,58 @@ class ManualPolicy(FixedInterval):
 _BUCKET_TOPS: dict[tuple[float, float, int], list[float]] = {}
 
 
-class _DecayingHistogram:
-    """VPA-style histogram: exponential buckets (ratio 1.05), each sample weighted
-    2^((t - t_ref)/half_life) so old usage decays."""
+class _DecayingHistograms:
+    """VPA-style histograms, one per row: exponential buckets (ratio 1.05), each sample
+    weighted 2^((t - t_ref)/half_life) so old usage decays. The rows of one job sit in one
+    array so that each observation's bucket indices are one NumPy pass and the percentiles of
+    every row one cumulative sum (row by row the same additions in the same order, and
+    ``np.cumsum`` along a row is the row's own running sum: the same values as one histogram
+    per row)."""
 
     ratio = 1.05
     first = 1.0  # smallest bucket boundary (millicores or MiB)
     n_buckets = 400
 
-    def __init__(self, half_life_s: float) -> None:
+    def __init__(self, half_life_s: float, rows: int) -> None:
         self.half_life_s = half_life_s
-        self.w = np.zeros(self.n_buckets)
-        self.count = 0
+        self.w = np.zeros((rows, self.n_buckets))
+        self.count = [0] * rows
 
-    def add_many(self, values: np.ndarray, t: float, weight: float = 1.0) -> None:
-        v = np.maximum(np.asarray(values, dtype=np.float64), self.first)
+    def add_rows(self, values: Sequence[Sequence[float]], t: float, weight: float = 1.0) -> None:
+        """Add ``values[r]`` to row ``r`` (each in order, as ``np.add.at`` adds), all at ``t``."""
+        flat = [v for row in values for v in row]
+        if not flat:
+            return
+        v = np.maximum(np.asarray(flat, dtype=np.float64), self.first)
         idx = np.minimum(
             (np.log(v / self.first) / np.log(self.ratio)).astype(int), self.n_buckets - 1
-        )
+        ).tolist()
         c = weight * 2.0 ** (t / self.half_life_s)
-        w = self.w
-        for i in idx.tolist():  # in order, as np.add.at adds (a few nodes: no ufunc overhead)
-            w[i] += c
-        self.count += int(v.size)
+        k = 0
+        for r, row in enumerate(values):
+            if not row:
+                continue
+            w = self.w[r]
+            for i in idx[k : k + len(row)]:  # a few nodes: no ufunc overhead
+                w[i] += c
+            k += len(row)
+            self.count[r] += len(row)
 
-    def add(self, value: float, t: float, weight: float = 1.0) -> None:
-        self.add_many(np.array([value]), t, weight)
+    def add(self, row: int, value: float, t: float, weight: float = 1.0) -> None:
+        values: list[list[float]] = [[] for _ in self.count]
+        values[row].append(value)
+        self.add_rows(values, t, weight)
 
-    def percentile(self, q: float) -> float:
-        return self.percentiles((q,))[0]
-
-    def percentiles(self, qs: Sequence[float]) -> list[float]:
-        cw = np.cumsum(self.w)
-        idx = np.searchsorted(cw, np.asarray(qs) * cw[-1])
+    def percentiles(self, qs: Sequence[float]) -> list[list[float]]:
+        """Per row, the ``qs`` percentiles (fractions): the top of the first bucket whose
+        cumulative weight reaches ``q`` of the row's total (``np.searchsorted``, left)."""
+        cw = np.cumsum(self.w, axis=1)
+        target = np.asarray(qs)[None, :] * cw[:, -1:]
+        # the number of cumulative weights below the target: searchsorted on a sorted row
+        idx = (cw[:, None, :] < target[:, :, None]).sum(axis=2).tolist()
         top = self._tops()
-        return [top[min(int(i), self.n_buckets - 1)] for i in idx.tolist()]
+        last = self.n_buckets - 1
+        return [[top[min(i, last)] for i in row] for row in idx]
 
     @classmethod
     def _tops(cls) -> list[float]:
@@ -282,6 +300,15 @@ class _DecayingHistogram:
                 float(cls.first * cls.ratio ** (i + 1)) for i in range(cls.n_buckets)
             ]
         return hit
+
+
+# the rows of a job's VPA histograms: (role, CPU or memory)
+_VPA_ROWS = {
+    (Role.WORKER, "cpu"): 0,
+    (Role.WORKER, "mem"): 1,
+    (Role.PS, "cpu"): 2,
+    (Role.PS, "mem"): 3,
+}
 
 
 class VpaPolicy(FixedInterval):
@@ -302,17 +329,14 @@ class VpaPolicy(FixedInterval):
     min_observations = 3
 
     def __init__(self) -> None:
-        self._cpu: dict[tuple[str, Role], _DecayingHistogram] = {}
-        self._mem: dict[tuple[str, Role], _DecayingHistogram] = {}
+        self._hists: dict[str, _DecayingHistograms] = {}
         self._seen: dict[str, float] = {}
         self._count: dict[str, int] = {}
 
-    def _hist(
-        self, store: dict[tuple[str, Role], _DecayingHistogram], key: tuple[str, Role]
-    ) -> _DecayingHistogram:
-        h = store.get(key)
+    def _hist(self, job: str) -> _DecayingHistograms:
+        h = self._hists.get(job)
         if h is None:
-            h = store[key] = _DecayingHistogram(self.half_life_s)
+            h = self._hists[job] = _DecayingHistograms(self.half_life_s, len(_VPA_ROWS))
         return h
 
     def initial_plan(
@@ -329,32 +353,43 @@ class VpaPolicy(FixedInterval):
         now_s: float,
     ) -> ResourcePlan | None:
         last = self._seen.get(job.name, -1.0)
+        running = NodeState.RUNNING
         for obs in observations:
             if obs.time_s <= last:
                 continue
-            for role in (Role.WORKER, Role.PS):
-                nodes = obs.of(role)
-                if nodes:
-                    cpu = np.array([n.cpu_used_millicores for n in nodes], dtype=np.float64)
-                    mem = np.array([n.memory_used_mib for n in nodes], dtype=np.float64)
-                    self._hist(self._cpu, (job.name, role)).add_many(cpu, obs.time_s)
-                    self._hist(self._mem, (job.name, role)).add_many(mem, obs.time_s)
+            wc: list[float] = []
+            wm: list[float] = []
+            pc: list[float] = []
+            pm: list[float] = []
+            for n in obs.nodes:
+                if n.state is running:
+                    if n.role is Role.WORKER:
+                        wc.append(n.cpu_used_millicores)
+                        wm.append(n.memory_used_mib)
+                    elif n.role is Role.PS:
+                        pc.append(n.cpu_used_millicores)
+                        pm.append(n.memory_used_mib)
+            if wc or pc:
+                self._hist(job.name).add_rows((wc, wm, pc, pm), obs.time_s)
             self._count[job.name] = self._count.get(job.name, 0) + 1
             last = obs.time_s
         self._seen[job.name] = last
         if self._count.get(job.name, 0) < self.min_observations:
             return None
+        hist = self._hists.get(job.name)
         new_roles: dict[Role, RolePlan] = {}
         changed = False
+        pct: list[list[float]] | None = None
         for role in (Role.WORKER, Role.PS):
             rp = current.role(role)
-            cpu_h = self._cpu.get((job.name, role))
-            mem_h = self._mem.get((job.name, role))
-            if cpu_h is None or mem_h is None or not cpu_h.count:
+            r_cpu, r_mem = _VPA_ROWS[(role, "cpu")], _VPA_ROWS[(role, "mem")]
+            if hist is None or not hist.count[r_cpu] or not hist.count[r_mem]:
                 new_roles[role] = rp
                 continue
-            c50, c90, c95 = cpu_h.percentiles((0.5, 0.9, 0.95))
-            m50, m90, m95 = mem_h.percentiles((0.5, 0.9, 0.95))
+            if pct is None:
+                pct = hist.percentiles((0.5, 0.9, 0.95))
+            c50, c90, c95 = pct[r_cpu]
+            m50, m90, m95 = pct[r_mem]
             cpu_target = c90 * self.margin
             mem_target = m90 * self.margin
             cur = rp.resources
@@ -390,7 +425,7 @@ class VpaPolicy(FixedInterval):
         if exit_class is not ExitClass.OOM:
             return _relaunch_same()
         bumped = OomBump().bump(current.memory_mib)  # VPA's RecordOOM rule
-        self._hist(self._mem, (job.name, role)).add(bumped, plan.created_at_s, weight=10.0)
+        self._hist(job.name).add(_VPA_ROWS[(role, "mem")], bumped, plan.created_at_s, weight=10.0)
         return RelaunchDecision(
             True,
             NodeResources(current.cpu_millicores, bumped),
@@ -460,20 +495,28 @@ class AutopilotPolicy(FixedInterval):
         now_s: float,
     ) -> ResourcePlan | None:
         last = self._seen.get(job.name, -1.0)
+        running = NodeState.RUNNING
         for obs in observations:
             if obs.time_s <= last:
                 continue
+            # per role, the largest CPU and memory use of a running node (one pass)
+            peak: dict[Role, list[int]] = {}
+            for n in obs.nodes:
+                if n.state is running:
+                    pk = peak.get(n.role)
+                    if pk is None:
+                        peak[n.role] = [n.cpu_used_millicores, n.memory_used_mib]
+                    else:
+                        if n.cpu_used_millicores > pk[0]:
+                            pk[0] = n.cpu_used_millicores
+                        if n.memory_used_mib > pk[1]:
+                            pk[1] = n.memory_used_mib
             for role in (Role.WORKER, Role.PS):
-                nodes = obs.of(role)
-                if not nodes:
+                pk = peak.get(role)
+                if pk is None:
                     continue
                 live = self._live.setdefault((job.name, role), [])
-                live.append(
-                    (
-                        max(n.cpu_used_millicores for n in nodes),
-                        max(n.memory_used_mib for n in nodes),
-                    )
-                )
+                live.append((pk[0], pk[1]))
                 del live[: -self.window]
             last = obs.time_s
         self._seen[job.name] = last

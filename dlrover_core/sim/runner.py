@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,29 @@ def run_policy(
     jobs: Sequence[TraceJob], name: str, seed: int, config: EngineConfig | None = None
 ) -> dict[str, Any]:
     """Simulate one policy; returns its metrics plus per-job outcomes under ``"jobs"``."""
+    metrics = _run_policy(jobs, name, seed, config)
+    _set_oracle_ratio(metrics, lambda i: _oracle_of_job(jobs[i]))
+    return metrics
+
+
+def _oracle_of_job(j: TraceJob) -> OracleConfig:
+    return j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
+
+
+def _set_oracle_ratio(metrics: dict[str, Any], oracle: Callable[[int], OracleConfig]) -> None:
+    """Fill ``oracle_throughput_ratio`` from the completed jobs' measured per-core rates
+    (``_per_core``: job position, samples / allocated core-second) and each job's oracle
+    configuration (``oracle(position)``): the median of their quotients."""
+    ratios = [rate / oracle(i).throughput_per_core for i, rate in metrics.pop("_per_core")]
+    metrics["oracle_throughput_ratio"] = float(np.median(ratios)) if ratios else 0.0
+
+
+def _run_policy(
+    jobs: Sequence[TraceJob], name: str, seed: int, config: EngineConfig | None = None
+) -> dict[str, Any]:
+    """``run_policy`` without the oracle ratio: it needs every completed job's oracle
+    configuration (a grid search per job), which ``simulate`` computes apart, in parallel
+    with the policies; the metrics carry the inputs (``_per_core``) instead."""
     table = policy_factories(POLICIES)
     if name not in table:
         raise KeyError(f"unknown policy {name!r}; registered: {', '.join(table)}")
@@ -66,11 +89,8 @@ def run_policy(
     runs = engine.runs
     done = [r for r in runs if r.status == "completed"]
     jct = np.array([r.end_s - r.job.submit_s for r in done]) if done else np.array([np.nan])
-    ratios = []
-    for r in done:
-        if r.cpu_alloc_cs > 0:
-            oc = r.job.truth.oracle_config(r.job.quota.cpu_cores, r.job.quota.memory_mib)
-            ratios.append((r.done / r.cpu_alloc_cs) / oc.throughput_per_core)
+    position = {id(j): i for i, j in enumerate(jobs)}
+    per_core = [(position[id(r.job)], r.done / r.cpu_alloc_cs) for r in done if r.cpu_alloc_cs > 0]
     cpu_alloc = sum(r.cpu_alloc_cs for r in runs)
     mem_alloc = sum(r.mem_alloc_ms for r in runs)
     metrics: dict[str, Any] = {
@@ -82,12 +102,13 @@ def run_policy(
         "mem_util": sum(r.mem_used_ms for r in runs) / mem_alloc if mem_alloc else 0.0,
         "scaling_ops": int(sum(r.scaling_ops for r in runs)),
         "oom_count": int(sum(r.oom_count for r in runs)),
-        "oracle_throughput_ratio": float(np.median(ratios)) if ratios else 0.0,
+        "oracle_throughput_ratio": 0.0,  # set by _set_oracle_ratio from "_per_core"
         "max_alloc_cpu_millicores": info["max_alloc"].cpu_millicores,
         "max_alloc_memory_mib": info["max_alloc"].memory_mib,
         "capacity_cpu_millicores": info["capacity"].cpu_millicores,
         "capacity_memory_mib": info["capacity"].memory_mib,
         "cpu_s": cpu_s,  # CPU time of this policy's simulation (a measurement, not a result)
+        "_per_core": per_core,
     }
     metrics["jobs"] = [
         {
@@ -106,35 +127,23 @@ def run_policy(
 
 
 _JOBS: list[TraceJob] = []
-# the slowest policies first, so that a pool of two processes balances
-_COST_ORDER = {"dlrover-rm": 0, "vpa": 1, "dlrover-oss": 2, "autopilot": 3, "optimus": 4}
+# the slowest policies first, so that a pool of two processes balances (longest first): with
+# two processes dlrover-rm has one to itself and the other runs the oracle search and the rest
+_COST_ORDER = {"dlrover-rm": 0, "vpa": 2, "dlrover-oss": 3, "autopilot": 4, "optimus": 5}
+_ORACLES = "\0oracles"  # the task that computes every job's oracle configuration
 
 
-def _oracle_of(i: int) -> OracleConfig:
-    j = _JOBS[i]
-    return j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
+def _oracles(jobs: Sequence[TraceJob]) -> list[OracleConfig]:
+    """Each job's oracle configuration (a grid search per job, deterministic; kept on the
+    job's truth, so that a policy run later in the same process reuses it)."""
+    return [_oracle_of_job(j) for j in jobs]
 
 
-def _warm_oracles(jobs: Sequence[TraceJob], processes: int) -> None:
-    """Each job's oracle configuration (a grid search per job, needed by every policy's
-    metrics), computed once before the policies fork: split over ``processes`` when the
-    trace is large enough to pay for a pool (same values: the search is deterministic)."""
-    global _JOBS
-    if processes > 1 and len(jobs) >= 200 and "fork" in mp.get_all_start_methods():
-        _JOBS = list(jobs)
-        chunk = -(-len(jobs) // processes)
-        with mp.get_context("fork").Pool(processes) as pool:
-            found = pool.map(_oracle_of, range(len(jobs)), chunksize=chunk)
-        for j, cfg in zip(jobs, found, strict=True):
-            j.truth.remember_oracle(j.quota.cpu_cores, j.quota.memory_mib, cfg)
-        return
-    for j in jobs:
-        j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
-
-
-def _worker(args: tuple[str, int]) -> tuple[str, dict[str, Any]]:
+def _worker(args: tuple[str, int]) -> tuple[str, Any]:
     name, seed = args
-    return name, run_policy(_JOBS, name, seed)
+    if name == _ORACLES:
+        return name, _oracles(_JOBS)
+    return name, _run_policy(_JOBS, name, seed)
 
 
 def simulate(
@@ -147,6 +156,12 @@ def simulate(
 ) -> dict[str, Any]:
     """Run ``policies`` (default: every registered one) on one generated trace.
 
+    With ``processes > 1`` the policies run in a pool of forked processes, the costliest
+    first; the jobs' oracle configurations (needed by every policy's
+    ``oracle_throughput_ratio`` and by the oracle policy) are one more task of that pool, so
+    that the costliest policy does not wait for them (same values: the search is
+    deterministic).
+
     ``keep_timing``: each policy's ``cpu_s`` (simulation CPU time) stays in its metrics; by
     default it is dropped so that a result depends on the trace and the policies alone."""
     global _JOBS
@@ -156,17 +171,22 @@ def simulate(
     if unknown:
         raise KeyError(f"unknown policies {unknown}; registered: {', '.join(table)}")
     jobs = generate_trace(n_jobs, seed)
-    parallel = processes > 1 and len(names) > 1
-    _warm_oracles(jobs, processes if parallel else 1)  # before the policies fork
     _JOBS = jobs
     results: dict[str, dict[str, Any]] = {}
     if processes > 1 and len(names) > 1 and "fork" in mp.get_all_start_methods():
         ctx = mp.get_context("fork")
-        with ctx.Pool(min(processes, len(names))) as pool:
-            # replanning policies take longest: start them first so two processes balance
-            order = sorted(names, key=lambda n: _COST_ORDER.get(n, 9))
-            for name, res in pool.imap_unordered(_worker, [(n, seed) for n in order]):
-                results[name] = res
+        # the oracle search goes right after the first policy: the second process starts it
+        order = sorted(names, key=lambda n: _COST_ORDER.get(n, 9))
+        tasks = [*order[:1], _ORACLES, *order[1:]]
+        oracles: list[OracleConfig] = []
+        with ctx.Pool(min(processes, len(tasks))) as pool:
+            for name, res in pool.imap_unordered(_worker, [(n, seed) for n in tasks]):
+                if name == _ORACLES:
+                    oracles = res
+                else:
+                    results[name] = res
+        for res in results.values():
+            _set_oracle_ratio(res, oracles.__getitem__)
     else:
         for n in names:
             results[n] = run_policy(jobs, n, seed)

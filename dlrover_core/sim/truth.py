@@ -88,6 +88,7 @@ class JobTruth:
     noise_sigma: float = 0.05  # multiplicative measurement noise of throughput
     _shares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
     _mshares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
+    _mshare_max: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
     _oracle: dict[tuple[int, int], OracleConfig] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -107,6 +108,13 @@ class JobTruth:
         if s is None:
             s = self._mshares[p] = 0.5 * self.load_shares(p) + 0.5 / p
         return s
+
+    def max_memory_share(self, p: int) -> float:
+        """``float(memory_shares(p).max())`` (memoised per ``p``)."""
+        m = self._mshare_max.get(p)
+        if m is None:
+            m = self._mshare_max[p] = float(self.memory_shares(p).max())
+        return m
 
     def max_share(self, p: int) -> float:
         return float(self.load_shares(p).max())
@@ -193,6 +201,13 @@ class JobTruth:
         model = self.dense_memory_mib + self.distinct_ids(samples_done) * self.row_mib
         return self.ps_base_memory_mib + self.memory_shares(p) * model
 
+    def ps_memory_peak(self, p: int, samples_done: float) -> float:
+        """``float(ps_memory_used(p, samples_done).max())`` without the array: the PS of the
+        largest memory share, by the same operations (rounding is monotone, so the largest
+        share's value is the largest value)."""
+        model = self.dense_memory_mib + self.distinct_ids(samples_done) * self.row_mib
+        return self.ps_base_memory_mib + self.max_memory_share(p) * model
+
     def memory_used(self, p: int, samples_done: float) -> tuple[float, FloatArray]:
         """(MiB per worker, MiB per PS) after ``samples_done`` samples."""
         return self.worker_memory_mib, self.ps_memory_used(p, samples_done)
@@ -209,13 +224,6 @@ class JobTruth:
         return float(self.ps_oom_samples_each(p, ps_limits_mib).min())
 
     # ---- oracle ----------------------------------------------------------------------
-    def remember_oracle(
-        self, quota_cpu_cores: float, quota_memory_mib: float, cfg: OracleConfig
-    ) -> None:
-        """Keep an oracle configuration computed elsewhere (e.g. in a worker process) for
-        this quota: :meth:`oracle_config` returns it without a search."""
-        self._oracle[(int(quota_cpu_cores * 1000), int(quota_memory_mib))] = cfg
-
     def oracle_config(self, quota_cpu_cores: float, quota_memory_mib: float) -> OracleConfig:
         """Best configuration within the quota, knowing the truth.
 

@@ -24,3 +24,27 @@ def test_fast_node_observation_is_the_dataclass_value() -> None:
         pass
     else:  # pragma: no cover
         raise AssertionError("a fast-built NodeObservation must stay frozen")
+
+
+def test_fast_sample_is_the_dataclass_value() -> None:
+    from dlrover_core.sim.engine import _sample
+    from dlrover_core.types import Sample
+
+    kw = {
+        "workers": 4, "ps": 2, "worker_cpu_cores": 2.0, "ps_cpu_cores": 1.5,
+        "throughput_sps": 812.25, "batch_size": 512, "worker_memory_mib": 3000.0,
+        "ps_memory_mib": 6100.5, "ps_cpu_util": 0.75, "worker_cpu_util": 0.5,
+        "timestamp_s": 660.0,
+    }  # fmt: skip
+    # every field of Sample is given (a field added to Sample must be added here too)
+    assert list(kw) == [f.name for f in dataclasses.fields(Sample)]
+    fast, slow = _sample(dict(kw)), Sample(**kw)  # type: ignore[arg-type]
+    assert type(fast) is Sample
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert fast.config == slow.config
+    try:
+        fast.ps = 3  # type: ignore[misc]
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:  # pragma: no cover
+        raise AssertionError("a fast-built Sample must stay frozen")
