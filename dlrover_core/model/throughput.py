@@ -54,6 +54,7 @@ from dlrover_core.errors import InputError, NotFittedError, TooFewSamplesError
 from dlrover_core.types import Sample
 
 FloatArray = npt.NDArray[np.float64]
+_MAX_LOG_BAND = 50.0  # the widest log half-band a prediction reports
 
 _T_FLOOR = 1e-12  # seconds; guards a zero predicted iteration time (infinite throughput)
 _PROFILE_HINT = "profile more configurations, e.g. `dlrover-rm profile --spec SPEC`"
@@ -447,7 +448,7 @@ class _LinearThroughputModel:
             if fi:
                 q += fi * sum(cij * fj for cij, fj in zip(row, f, strict=True))
         se = self.rel_std_ * math.sqrt(1.0 + max(q, 0.0) / (t_hat * t_hat))
-        half = self.z_ * se
+        half = min(self.z_ * se, _MAX_LOG_BAND)  # finite however far out (see below)
         return ThroughputPrediction(x_sps, x_sps * math.exp(-half), x_sps * math.exp(half))
 
     def _unpack(self, configs: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
@@ -578,6 +579,9 @@ class _LinearThroughputModel:
         feats, x_sps = self._unpack(configs)
         q = self._rel_var(feats, self._t_hat(feats))
         half = self.z_ * self.rel_std_ * np.sqrt(1.0 + np.maximum(q, 0.0))
+        # far outside the data the band is uninformative, but stays finite (exp overflows
+        # past ~709): a factor of e^50 either way already means "anything"
+        half = np.minimum(half, _MAX_LOG_BAND)
         return x_sps, x_sps * np.exp(-half), x_sps * np.exp(half)
 
     # ----------------------------------------------------------------- (de)serialise

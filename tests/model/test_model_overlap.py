@@ -3,7 +3,9 @@ other families and on the simulator's jobs, bounds, fallbacks, serialisation."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -282,3 +284,23 @@ def test_students_t_quantile_is_scipys() -> None:
 
     for dof in (1, 2, 3, 7, 30, 117, 5000):
         assert _t975(dof) == pytest.approx(float(student_t.ppf(0.975, dof)), rel=1e-12)
+
+
+def test_prediction_bands_stay_finite_far_outside_the_data() -> None:
+    """A band however wide stays finite (exp overflows past
+    ~709: a report must not carry inf)."""
+    from dlrover_core.model.throughput import PSThroughputModel
+    from tests.factories import GRID_CONFIGS, exact_samples
+
+    coef = {"a0": 0.05, "a1": 0.001, "b1": 5e-05, "b2": 1e-07, "b3": 0.001}
+    samples = exact_samples(coef, GRID_CONFIGS)
+    noisy = [
+        dataclasses.replace(s, throughput_sps=s.throughput_sps * (1.3 if i % 2 else 0.7))
+        for i, s in enumerate(samples)
+    ]
+    m = PSThroughputModel().fit(noisy)
+    m.rel_std_ = 1e3  # a band as wide as a fit far outside its data can give (e^2000)
+    _x, lo, hi = m.predict_bounds_many([[16, 2, 2.0, 2.0]])
+    assert np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))
+    p = m.predict(16, 2, 2.0, 2.0)
+    assert math.isfinite(p.upper_sps) and math.isfinite(p.lower_sps)
