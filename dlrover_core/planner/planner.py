@@ -442,7 +442,7 @@ class Planner:
         avoid = abandoned_keys([*past_plans, current])
         for w, p, what in scaling.bottleneck_candidates(current, self.bounds, cfg, observations):
             w2, p2, _ = self.bounds.fit(w, p)
-            key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+            key = scaling.roles_key(w2, p2)
             if key in seen or key in avoid or key == scaling.plan_key(current):
                 continue
             return current.replace(
@@ -487,13 +487,14 @@ class Planner:
         if not ps_nodes or not w_nodes or current.ps.count == 0:
             return None
         w_util = sum(n.cpu_util for n in w_nodes) / len(w_nodes)
-        if max(n.cpu_util for n in ps_nodes) >= cfg.stall_util or w_util >= cfg.stall_util:
+        busiest = max(n.cpu_util for n in ps_nodes)
+        if busiest >= cfg.stall_util or w_util >= cfg.stall_util:
             return None
         want = RolePlan(2 * current.ps.count, current.ps.resources)
         w2, p2, _ = self.bounds.fit(current.workers, want)
         if p2.count <= current.ps.count or w2 != current.workers:
             return None
-        key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+        key = scaling.roles_key(w2, p2)
         seen = {scaling.sample_key(s) for s in samples}
         if key in seen or key in abandoned_keys([*past_plans, current]):
             return None
@@ -502,7 +503,7 @@ class Planner:
             overrides=(),
             stage=Stage.SCALING,
             reasons=(
-                f"neither side busy (busiest PS {max(n.cpu_util for n in ps_nodes):.0%}, "
+                f"neither side busy (busiest PS {busiest:.0%}, "
                 f"workers {w_util:.0%} of their CPU): measure {p2.count} PS ({why})",
             ),
             predicted_throughput_sps=None,
@@ -520,15 +521,12 @@ class Planner:
             return True
         if len(probes) >= self.config.stall_probes or probes[-1] == 0:
             return False
-        speeds: dict[scaling.ConfigKey, list[float]] = {}
-        for s in samples:
-            speeds.setdefault(scaling.sample_key(s), []).append(s.throughput_sps)
+        speeds = _mean_speeds(samples)
         after = speeds.get(scaling.plan_key(plans[probes[-1]]))
         before = speeds.get(scaling.plan_key(plans[probes[-1] - 1]))
-        if not after or not before:
+        if after is None or before is None:
             return False
-        gain = (sum(after) / len(after)) / (sum(before) / len(before)) - 1.0
-        return gain >= self.config.stall_min_gain
+        return after / before - 1.0 >= self.config.stall_min_gain
 
     def _best_measured(
         self,
@@ -549,11 +547,8 @@ class Planner:
             return None
         cur_key = scaling.plan_key(current)
         avoid = abandoned_keys([*past_plans, current])
-        speeds: dict[scaling.ConfigKey, list[float]] = {}
-        for s in samples:
-            speeds.setdefault(scaling.sample_key(s), []).append(s.throughput_sps)
         best = max(
-            ((sum(v) / len(v), k) for k, v in speeds.items() if k != cur_key and k not in avoid),
+            ((x, k) for k, x in _mean_speeds(samples).items() if k != cur_key and k not in avoid),
             default=None,
         )
         if best is None or best[0] < x_now * (1 + cfg.faster_min_speedup):
@@ -728,7 +723,7 @@ class Planner:
             if (nw, np_) == (cw.count, cp.count):
                 continue
             w2, p2, _ = self.bounds.fit(RolePlan(nw, cw.resources), RolePlan(np_, cp.resources))
-            key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+            key = scaling.roles_key(w2, p2)
             if (w2.count, p2.count) == (cw.count, cp.count) or key in limits.avoid:
                 continue
             cands.append((w2, p2))
@@ -1011,7 +1006,7 @@ class Planner:
                 self.bounds.workers.clamp(w).total + self.bounds.ps.clamp(p).total
             ).fits_in(self.bounds.quota)
             w2, p2, _ = self.bounds.fit(w, p)
-            key = (w2.count, p2.count, w2.resources.cpu_millicores, p2.resources.cpu_millicores)
+            key = scaling.roles_key(w2, p2)
             if (i < len(cands) and what in used) or key in seen or shrunk:
                 continue
             if len(seen) >= self.config.max_sampling_configs and not (
@@ -1091,6 +1086,14 @@ def abandoned_keys(past_plans: Sequence[ResourcePlan]) -> frozenset[scaling.Conf
         for prev, nxt in itertools.pairwise(plans)
         if nxt.action == REVERT_ACTION
     )
+
+
+def _mean_speeds(samples: Sequence[Sample]) -> dict[scaling.ConfigKey, float]:
+    """Mean measured throughput of each configuration in ``samples``."""
+    speeds: dict[scaling.ConfigKey, list[float]] = {}
+    for s in samples:
+        speeds.setdefault(scaling.sample_key(s), []).append(s.throughput_sps)
+    return {k: sum(v) / len(v) for k, v in speeds.items()}
 
 
 def _mean_tput(samples: Sequence[Sample]) -> float | None:

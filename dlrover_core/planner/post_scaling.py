@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 
 from dlrover_core.faults import PendingAction, PendingPolicy, find_stragglers, pending_action
-from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
+from dlrover_core.planner.bounds import JobBounds, RoleBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import PSMemoryFit, fit_ps_memory
 from dlrover_core.spec import JobSpec
@@ -360,6 +360,22 @@ def _replacement_pays(cfg: PlannerConfig, last: Observation, slow: set[int]) -> 
     return saved >= need, note
 
 
+def _idle_left_s(cfg: PlannerConfig, last: Observation) -> float | None:
+    """Seconds left at the last observed speed, when at least ``idle_min_remaining_s``
+    (None: less, or unknown: no progress, or a speed so small the time overflows)."""
+    if last.throughput_sps <= 0:
+        return None
+    left_s = (last.samples_total - last.samples_done) / last.throughput_sps
+    if not math.isfinite(left_s) or left_s < cfg.idle_min_remaining_s:
+        return None
+    return left_s
+
+
+def _cpu_for_use(cfg: PlannerConfig, rb: RoleBounds, used_millicores: float) -> int:
+    """The CPU level at which ``used_millicores`` is ``idle_target_util`` busy (in bounds)."""
+    return rb.cpu(round_up_level(used_millicores / cfg.idle_target_util, cfg.cpu_levels_millicores))
+
+
 def _idle_ps(
     spec: JobSpec,
     cfg: PlannerConfig,
@@ -375,18 +391,13 @@ def _idle_ps(
     if not window:
         return None
     last = window[-1]
-    nodes = last.of(Role.PS)
-    if not nodes or last.throughput_sps <= 0:
-        return None
-    remaining_s = (last.samples_total - last.samples_done) / last.throughput_sps
-    if not math.isfinite(remaining_s):  # a vanishing throughput: the time left is unknown
-        return None
-    if remaining_s < cfg.idle_min_remaining_s:
+    remaining_s = _idle_left_s(cfg, last)
+    if not last.of(Role.PS) or remaining_s is None:
         return None
     if any(n.cpu_util >= cfg.idle_ps_cpu_util for o in window for n in o.of(Role.PS)):
         return _idle_ps_nodes(cfg, bounds, current, window, now_s, remaining_s)
     peak = max(n.cpu_used_millicores for o in window for n in o.of(Role.PS))
-    new_cpu = bounds.ps.cpu(round_up_level(peak / cfg.idle_target_util, cfg.cpu_levels_millicores))
+    new_cpu = _cpu_for_use(cfg, bounds.ps, peak)
     if new_cpu >= ps.resources.cpu_millicores:
         return None
     reasons = [
@@ -421,7 +432,7 @@ def _idle_ps_nodes(
         used = peak.get(i)
         if used is None or used >= cfg.idle_ps_cpu_util * res.cpu_millicores:
             continue
-        cpu = bounds.ps.cpu(round_up_level(used / cfg.idle_target_util, cfg.cpu_levels_millicores))
+        cpu = _cpu_for_use(cfg, bounds.ps, used)
         if cpu < res.cpu_millicores:
             freed += res.cpu_millicores - cpu
             moves.append(NodeOverride(
@@ -455,19 +466,13 @@ def _idle_workers(
     if w.count == 0 or bounds.workers.pinned_cpu_millicores is not None:
         return None
     window = _recent(observations, current.created_at_s, cfg.hot_window)
-    if not window or window[-1].throughput_sps <= 0:
-        return None
-    last = window[-1]
-    remaining_s = (last.samples_total - last.samples_done) / last.throughput_sps
-    if not math.isfinite(remaining_s) or remaining_s < cfg.idle_min_remaining_s:
+    remaining_s = _idle_left_s(cfg, window[-1]) if window else None
+    if remaining_s is None:
         return None
     nodes = [n for o in window for n in o.of(Role.WORKER)]
     if not nodes or any(n.cpu_util >= cfg.idle_worker_cpu_util for n in nodes):
         return None
-    peak = max(n.cpu_used_millicores for n in nodes)
-    new_cpu = bounds.workers.cpu(
-        round_up_level(peak / cfg.idle_target_util, cfg.cpu_levels_millicores)
-    )
+    new_cpu = _cpu_for_use(cfg, bounds.workers, max(n.cpu_used_millicores for n in nodes))
     if new_cpu >= w.resources.cpu_millicores:
         return None
     reasons = [

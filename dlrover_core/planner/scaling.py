@@ -31,13 +31,12 @@ def config_key(workers: int, ps: int, worker_cpu_cores: float, ps_cpu_cores: flo
     return (workers, ps, int(round(worker_cpu_cores * 1000)), int(round(ps_cpu_cores * 1000)))
 
 
+def roles_key(workers: RolePlan, ps: RolePlan) -> ConfigKey:
+    return (workers.count, ps.count, workers.resources.cpu_millicores, ps.resources.cpu_millicores)
+
+
 def plan_key(plan: ResourcePlan) -> ConfigKey:
-    return (
-        plan.workers.count,
-        plan.ps.count,
-        plan.workers.resources.cpu_millicores,
-        plan.ps.resources.cpu_millicores,
-    )
+    return roles_key(plan.workers, plan.ps)
 
 
 def sample_key(s: Sample) -> ConfigKey:
