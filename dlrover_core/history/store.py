@@ -287,6 +287,8 @@ class HistoryStore:
             "metrics": _json_safe(
                 {k: report.get(k) for k in _METRIC_KEYS}
                 | {"failure": report.get("failure"), "run_dir": report.get("run_dir")}
+                # the planner's model-form choice: the job's next run starts from it
+                | {"model_choice": report.get("model_choice")}
             ),
         }
         for k in _PEAK_KEYS:
@@ -358,6 +360,11 @@ class HistoryStore:
     @staticmethod
     def _record(r: sa.Row[Any]) -> HistoryRecord:
         samples = [s for s in (_sample_from_dict(d) for d in (r.samples or [])) if s is not None]
+        extra: dict[str, Any] = {"samples": samples, "run_id": int(r.id), "job": r.job}
+        extra["auc"] = r.auc
+        choice = (r.metrics or {}).get("model_choice")
+        if choice is not None:
+            extra["model_choice"] = choice
         return HistoryRecord(
             signature=r.signature,
             finished_at_s=float(r.finished_at_s),
@@ -365,7 +372,7 @@ class HistoryStore:
             succeeded=bool(r.succeeded),
             throughput_sps=r.throughput_sps,
             wall_s=r.wall_s,
-            extra={"samples": samples, "run_id": int(r.id), "job": r.job, "auc": r.auc},
+            extra=extra,
             **{k: getattr(r, k) for k in _PEAK_KEYS},
         )
 

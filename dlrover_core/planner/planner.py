@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +89,11 @@ OVERLAP_FOLDS: int | None = 5
 # and chosen only when its mean held-out error is lower by at least this much (half a point
 # of MAPE): a smaller difference is rounding or noise, not worth the extra parameters
 OVERLAP_MIN_IMPROVEMENT = 0.005
+# once chosen by cross-validation (from OVERLAP_MIN_CONFIGS configurations), the form is
+# chosen again when the configurations have grown by this factor (5, 8, 12, 18, ...): a
+# form that predicted the held-out configurations of n rarely loses to the other on a
+# few more, and each choice costs ten fits. In between only the chosen form is refitted.
+CHOOSE_AGAIN_GROWTH = 1.5
 
 
 def held_out_errors(
@@ -191,7 +197,7 @@ class ModelChoice:
         if strategy != "ps":
             return default_model_factory(samples, strategy, batch_size)
         configs = frozenset(s.config for s in samples)
-        if configs == self._configs:
+        if configs == self._configs or self._still_chosen(configs):
             if not self._overlap:
                 return _baseline_ps_model(samples, batch_size)
             try:
@@ -206,6 +212,48 @@ class ModelChoice:
         self._overlap = isinstance(model, PSOverlapThroughputModel)
         self._last_overlap = model if isinstance(model, PSOverlapThroughputModel) else None
         return model
+
+    def remembered(self) -> dict[str, Any] | None:
+        """The last cross-validated choice, as a past run leaves it in the history (JSON):
+        the form and the configurations it was chosen from; None before any."""
+        seen = self._configs
+        if seen is None or len(seen) < OVERLAP_MIN_CONFIGS:
+            return None
+        return {
+            "form": "ps_overlap" if self._overlap else "ps",
+            "configs": [list(c) for c in sorted(seen)],
+        }
+
+    def adopt(self, remembered: Any) -> bool:
+        """Start from a past run's choice (:meth:`remembered`, read back from the history)
+        when none was made yet: a recurring job's next run then cross-validates again only
+        once its configurations have grown by ``CHOOSE_AGAIN_GROWTH``. Anything malformed
+        is ignored (the choice is made afresh). True when adopted."""
+        if self._configs is not None or not isinstance(remembered, Mapping):
+            return False
+        form, raw = remembered.get("form"), remembered.get("configs")
+        if form not in ("ps", "ps_overlap") or not isinstance(raw, list):
+            return False
+        try:
+            configs = frozenset(
+                (int(c[0]), int(c[1]), float(c[2]), float(c[3])) for c in raw if len(c) == 4
+            )
+        except (TypeError, ValueError):
+            return False
+        if len(configs) < OVERLAP_MIN_CONFIGS or len(configs) != len(raw):
+            return False
+        self._configs = configs
+        self._overlap = form == "ps_overlap"
+        self._last_overlap = None
+        return True
+
+    def _still_chosen(self, configs: frozenset[tuple[int, int, float, float]]) -> bool:
+        """The last choice was cross-validated and the configurations measured since (a
+        superset of those it saw) have not grown by ``CHOOSE_AGAIN_GROWTH``."""
+        seen = self._configs
+        if seen is None or len(seen) < OVERLAP_MIN_CONFIGS or not seen <= configs:
+            return False
+        return len(configs) < CHOOSE_AGAIN_GROWTH * len(seen)
 
 
 @dataclass(frozen=True)
@@ -292,6 +340,7 @@ class Planner:
         prior = self.history_samples(history, now_s)
         if not prior:
             return base
+        self._adopt_model_choice(history, now_s)
         model, _ = self._fit(prior)
         if model is None or not model.trustworthy(self.config.max_trust_rel_error):
             return base
@@ -300,6 +349,23 @@ class Planner:
             base, res, model, now_s, prefix=f"model from {len(prior)} samples of earlier runs"
         )
         return plan.replace(stage=base.stage, reasons=(*base.reasons, *plan.reasons))
+
+    def _adopt_model_choice(self, history: Sequence[HistoryRecord], now_s: float) -> None:
+        """The newest similar run's model-form choice (``extra["model_choice"]``, from
+        :meth:`model_choice`) seeds this run's, when the model factory remembers one."""
+        adopt = getattr(self.model_factory, "adopt", None)
+        runs = similar_runs(self.spec, history, now_s, self.config.history_window_s)
+        for r in sorted(runs, key=lambda r: r.finished_at_s, reverse=True):
+            if "model_choice" in r.extra:
+                if adopt is not None:
+                    adopt(r.extra["model_choice"])
+                return
+
+    def model_choice(self) -> dict[str, Any] | None:
+        """The model form this run chose and from which configurations (JSON), for the
+        history: the next run of the job starts from it. None when nothing was chosen."""
+        remembered = getattr(self.model_factory, "remembered", None)
+        return remembered() if remembered is not None else None
 
     def history_samples(self, history: Sequence[HistoryRecord], now_s: float = 0.0) -> list[Sample]:
         """Speed samples that similar past runs recorded (``extra["samples"]``)."""

@@ -1257,6 +1257,7 @@ class JobMaster:
                         wall_s=self.clock() - self.started_s,
                         launches=self.launches,
                         stopped=self.stop_reason,
+                        model_choice=self.planner.model_choice(),
                     )
                     break
                 except OSError as e:

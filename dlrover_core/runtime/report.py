@@ -40,7 +40,10 @@ def write_report(
     wall_s: float,
     launches: list[dict[str, Any]] | None = None,
     stopped: str | None = None,
+    model_choice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``model_choice``: the planner's model-form choice (``Planner.model_choice``), which
+    the history keeps for the job's next run."""
     q = state.shards
     counts = q.counts()
     timeline = read_timeline(run_dir)
@@ -80,6 +83,7 @@ def write_report(
             for p in state.plans
         ],
         "faults": list(state.faults),
+        "model_choice": model_choice,
         "launches": list(launches or []),
         "first_shard_taken_s": _first_takes(state),
         "registered_at_s": {

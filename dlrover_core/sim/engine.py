@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -674,9 +674,15 @@ class Engine:
                         "oom_count": run.oom_count,
                         "reason": reason,
                         "samples": tuple(run.samples),
+                        **self._history_extra(run),
                     },
                 )
             )
+
+    def _history_extra(self, run: _Run) -> Mapping[str, Any]:
+        """What the policy adds to the run's history record (``history_extra``, optional)."""
+        extra = getattr(self.policy, "history_extra", None)
+        return extra(run.view) if extra is not None else {}
 
     def relaunch_rule(
         self, node_role: Role, cls: ExitClass, current: NodeResources, planned: NodeResources,

@@ -4,7 +4,7 @@ real master sees (samples, observations, exits, history)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,31 +60,38 @@ def _bounded(samples: Sequence[Sample], per_config: int = PER_CONFIG) -> list[Sa
     return keep
 
 
-def _cached_factory() -> Callable[[Sequence[Sample], str, int], ThroughputModel]:
-    """Refit only when the evidence changed: a new configuration, or one that has fewer
-    than ``PER_CONFIG`` samples gained one (incremental: a full configuration's newest
-    replicate does not trigger a refit)."""
-    cache: dict[tuple[tuple[tuple[int, int, float, float], int], ...], Any] = {}
-    choice = ModelChoice()
+class _CachedChoice:
+    """The job's :class:`ModelChoice`, refitted only when the evidence changed: a new
+    configuration, or one that has fewer than ``PER_CONFIG`` samples gained one (incremental:
+    a full configuration's newest replicate does not trigger a refit)."""
 
-    def factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
+    def __init__(self) -> None:
+        self.choice = ModelChoice()
+        self._key: tuple[tuple[tuple[int, int, float, float], int], ...] | None = None
+        self._hit: ThroughputModel | DLRoverError | None = None
+
+    def __call__(
+        self, samples: Sequence[Sample], strategy: str, batch_size: int
+    ) -> ThroughputModel:
         counts: dict[tuple[int, int, float, float], int] = {}
         for s in samples:
             counts[s.config] = min(PER_CONFIG, counts.get(s.config, 0) + 1)
         key = tuple(sorted(counts.items()))
-        hit = cache.get(key)
-        if hit is None:
+        if key != self._key or self._hit is None:
             try:
-                hit = choice(samples, strategy, batch_size)
+                self._hit = self.choice(samples, strategy, batch_size)
             except DLRoverError as e:
-                hit = e
-            cache.clear()
-            cache[key] = hit
-        if isinstance(hit, DLRoverError):
-            raise hit
-        return hit
+                self._hit = e
+            self._key = key
+        if isinstance(self._hit, DLRoverError):
+            raise self._hit
+        return self._hit
 
-    return factory
+    def adopt(self, remembered: Any) -> bool:
+        return self.choice.adopt(remembered)
+
+    def remembered(self) -> dict[str, Any] | None:
+        return self.choice.remembered()
 
 
 class DLRoverRMPolicy:
@@ -104,7 +111,7 @@ class DLRoverRMPolicy:
         if st is None:
             spec = job_view_to_spec(job)
             cfg = self.config or PlannerConfig.from_spec(spec)
-            st = self._jobs[job.name] = _Job(Planner(spec, cfg, model_factory=_cached_factory()))
+            st = self._jobs[job.name] = _Job(Planner(spec, cfg, model_factory=_CachedChoice()))
         return st
 
     def initial_plan(
@@ -152,6 +159,13 @@ class DLRoverRMPolicy:
             st.plans.append(d.plan)
             st.next_check_s = None  # a new configuration: stage 2 looks at it afresh
         return d.plan
+
+    def history_extra(self, job: JobView) -> dict[str, Any]:
+        """What the run leaves in the history besides what the engine records: the model
+        form its planner chose (the runtime stores the same, ``report["model_choice"]``)."""
+        st = self._jobs.get(job.name)
+        choice = st.planner.model_choice() if st is not None else None
+        return {"model_choice": choice} if choice is not None else {}
 
     def next_call_s(self, job: JobView, now_s: float) -> float | None:
         """Every sample window while the planner waits for speed samples; when it says

@@ -110,6 +110,23 @@ def test_round_trip_gives_the_run_back_with_its_samples(store: HistoryStore) -> 
     assert summary["samples"] == 2 and summary["plans"] == 1 and summary["faults"] == 1
 
 
+def test_the_planners_model_choice_comes_back_for_the_next_run(store: HistoryStore) -> None:
+    """The report's ``model_choice`` (the form the planner chose and from which
+    configurations) is kept with the run and read back into the record's ``extra``."""
+    sig = _sig()
+    choice = {"form": "ps_overlap", "configs": [[w, 1, 1.0, 2.0] for w in range(1, 6)]}
+    spec = make_spec()
+    plan_ = make_plan((4, 1000, 2048), (1, 2000, 4096))
+    store.record_run(
+        spec_to_dict(spec), sig, _report(model_choice=choice), plan_, SAMPLES, PEAKS,
+        finished_at_s=NOW - 20,
+    )  # fmt: skip
+    _record(store, sig, NOW - 10)  # a report without one (an all-reduce run, an old master)
+    with_choice, without = store.similar(sig, NOW, 3600)
+    assert with_choice.extra["model_choice"] == choice
+    assert "model_choice" not in without.extra
+
+
 def test_window_and_signature_filter(store: HistoryStore) -> None:
     sig, other = _sig(), _sig()
     inside = _record(store, sig, NOW - 50)

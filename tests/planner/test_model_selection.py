@@ -185,12 +185,12 @@ def test_search_prices_cpu_beyond_the_span_when_only_the_lost_cores_term_acts() 
     assert res.workers.resources.cpu_millicores > 4000
 
 
-def test_the_choice_is_remembered_until_a_new_configuration_is_measured(
+def test_the_choice_is_remembered_until_the_configurations_grow_by_half(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """ModelChoice cross-validates once per set of configurations: a new replicate of a
-    configuration already measured refits the chosen form only; a new configuration
-    chooses again."""
+    """ModelChoice cross-validates once per growth of the measured configurations by
+    CHOOSE_AGAIN_GROWTH: a new replicate, or a few new configurations, refit the chosen form
+    only; from 1.5x the configurations it chose from, it chooses again."""
     train, _ = split()
     truth = overlap_truth(OV_COEF, 2.5)
     samples = make_samples(train[:20], truth, noise=0.02)
@@ -204,8 +204,82 @@ def test_the_choice_is_remembered_until_a_new_configuration_is_measured(
     assert isinstance(first, PSOverlapThroughputModel) and len(runs) == 2  # base + overlap
     again = choice(samples + make_samples(train[:3], truth, noise=0.02, seed=5), "ps", B)
     assert isinstance(again, PSOverlapThroughputModel) and len(runs) == 2  # refit only
-    choice(samples + make_samples(train[20:21], truth, noise=0.02), "ps", B)
-    assert len(runs) == 4  # a new configuration: chosen again
+    assert planner_mod.CHOOSE_AGAIN_GROWTH == 1.5
+    grown = samples + make_samples(train[20:29], truth, noise=0.02)  # 29 < 1.5 x 20
+    assert isinstance(choice(grown, "ps", B), PSOverlapThroughputModel) and len(runs) == 2
+    choice(samples + make_samples(train[20:30], truth, noise=0.02), "ps", B)  # 30 configs
+    assert len(runs) == 4  # grown by half: chosen again
+
+
+def test_a_choice_from_fewer_configurations_than_cross_validation_needs_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below OVERLAP_MIN_CONFIGS the baseline is taken without cross-validation, and a
+    new configuration is looked at afresh (from 5 the choice is cross-validated)."""
+    train, _ = split()
+    truth = overlap_truth(OV_COEF, 2.5)
+    runs: list[int] = []
+    real = planner_mod.held_out_errors
+    monkeypatch.setattr(
+        planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    choice = planner_mod.ModelChoice()
+    assert choice.remembered() is None
+    few = make_samples(train[: OVERLAP_MIN_CONFIGS - 1], truth, noise=0.02)
+    assert not isinstance(choice(few, "ps", B), PSOverlapThroughputModel) and not runs
+    assert choice.remembered() is None
+    choice(make_samples(train[:OVERLAP_MIN_CONFIGS], truth, noise=0.02), "ps", B)
+    assert choice.remembered() is not None
+
+
+def test_a_past_runs_choice_is_adopted_and_round_trips_through_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The choice a run leaves in the history (``remembered``, JSON) seeds the next run's:
+    on the same or a few more configurations it refits that form without cross-validating."""
+    import json
+
+    train, _ = split()
+    truth = overlap_truth(OV_COEF, 2.5)
+    samples = make_samples(train[:20], truth, noise=0.02)
+    first = planner_mod.ModelChoice()
+    assert isinstance(first(samples, "ps", B), PSOverlapThroughputModel)
+    left = json.loads(json.dumps(first.remembered()))
+    assert left["form"] == "ps_overlap" and len(left["configs"]) == 20
+    runs: list[int] = []
+    real = planner_mod.held_out_errors
+    monkeypatch.setattr(
+        planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    nxt = planner_mod.ModelChoice()
+    assert nxt.adopt(left)
+    more = samples + make_samples(train[20:24], truth, noise=0.02, seed=9)
+    assert isinstance(nxt(more, "ps", B), PSOverlapThroughputModel) and not runs
+    assert not nxt.adopt(left)  # a choice is already made: a later seed is ignored
+    # a past run's configurations that are not all measured again: chosen afresh
+    other = planner_mod.ModelChoice()
+    assert other.adopt(left)
+    other(make_samples(train[1:21], truth, noise=0.02), "ps", B)
+    assert len(runs) == 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,
+        "ps_overlap",
+        {"form": "mlp", "configs": [[1, 1, 1.0, 1.0]] * 5},
+        {"form": "ps", "configs": "1,1,1,1"},
+        {"form": "ps", "configs": [[1, 1, 1.0]] * 5},
+        {"form": "ps", "configs": [[1, 1, "x", 1.0]] * 5},
+        {"form": "ps", "configs": [[1, 1, 1.0, 1.0], [2, 1, 1.0, 1.0]]},  # too few to be one
+        {"form": "ps", "configs": [[1, 1, 1.0, 1.0]] * 5},  # repeated: not 5 configurations
+    ],
+)
+def test_a_malformed_remembered_choice_is_ignored(bad: object) -> None:
+    choice = planner_mod.ModelChoice()
+    assert not choice.adopt(bad)
+    assert choice.remembered() is None
 
 
 def test_remembering_the_choice_cuts_plan_latency_on_noisy_replicates() -> None:
@@ -262,9 +336,13 @@ def test_the_remembered_overlap_form_is_warm_started_from_its_previous_fit(
     assert starts == [first] and second is not first
     third = choice(more + make_samples(train[1:2], truth, noise=0.02, seed=4), "ps", B)
     assert starts == [first, second] and isinstance(third, PSOverlapThroughputModel)
-    # a new configuration: chosen again, cold
+    # a new configuration, within the growth that keeps the choice: warm-started too
     starts.clear()
-    choice(more + make_samples(train[20:21], truth, noise=0.02), "ps", B)
+    fourth = choice(more + make_samples(train[20:21], truth, noise=0.02), "ps", B)
+    assert starts == [third] and isinstance(fourth, PSOverlapThroughputModel)
+    # grown by half: chosen again, cold
+    starts.clear()
+    choice(more + make_samples(train[20:30], truth, noise=0.02), "ps", B)
     assert starts and all(s is None for s in starts)
 
 
@@ -322,3 +400,46 @@ def test_plan_takes_under_10_ms_on_noisy_replicates_of_an_overlap_job() -> None:
         if best < 10.0:
             break
     assert best < 10.0
+
+
+def test_a_recurring_jobs_initial_plan_starts_from_the_last_runs_model_choice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stage 1 with a history: the newest similar run's ``extra["model_choice"]`` seeds the
+    planner's, so the samples of earlier runs are fitted in the chosen form without a
+    cross-validation; a history without one is cross-validated as before."""
+    from dlrover_core.types import HistoryRecord
+
+    train, _ = split()
+    truth = overlap_truth(OV_COEF, 2.5)
+    samples = make_samples(train[:20], truth, noise=0.02)
+    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    first = planner_mod.ModelChoice()
+    first(samples, "ps", B)
+    left = first.remembered()
+    assert left is not None and left["form"] == "ps_overlap"
+
+    def history(choice: object | None) -> list[HistoryRecord]:
+        extra: dict[str, object] = {"samples": tuple(samples)}
+        if choice is not None:
+            extra["model_choice"] = choice
+        old = HistoryRecord(
+            spec.signature_key, 50.0, make_plan((2, 2000, 4096), (1, 2000, 8192)), True
+        )
+        new = HistoryRecord(
+            spec.signature_key, 90.0, make_plan((4, 2000, 4096), (2, 2000, 8192)), True,
+            extra=extra,
+        )  # fmt: skip
+        return [new, old]
+
+    runs: list[int] = []
+    real = planner_mod.held_out_errors
+    monkeypatch.setattr(
+        planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    planner = planner_mod.Planner(spec)
+    planner.initial_plan(history(left), now_s=100.0)
+    assert not runs and planner.model_choice() == left
+    fresh = planner_mod.Planner(spec)
+    fresh.initial_plan(history(None), now_s=100.0)
+    assert len(runs) == 2 and fresh.model_choice() == left  # chosen the same way

@@ -39,3 +39,13 @@ def test_second_run_warm_starts_and_changes_less(tmp_path: Path) -> None:
     # (the cost-aware planner does not sample a job this short: sampling cannot pay back its
     # pauses, so the cold run may sample nothing; the warm run must never sample more)
     assert sampled(second) <= sampled(first), (first["plans"], second["plans"])
+
+    # the planner's model-form choice goes into the report and the history (None until it
+    # cross-validated one: from 5 measured configurations), where the next run reads it
+    from dlrover_core.history.store import HistoryStore
+
+    assert "model_choice" in first and "model_choice" in second
+    with HistoryStore(f"sqlite:///{tmp_path / 'history.db'}") as store:
+        recs = store.similar(first["signature"], 1e12, 1e12)
+    kept = [r.extra.get("model_choice") for r in recs]
+    assert kept == [first["model_choice"], second["model_choice"]]
