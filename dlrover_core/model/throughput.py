@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 import numpy.typing as npt
+from scipy.linalg import lapack
 from scipy.optimize import nnls
 from scipy.special import stdtrit
 
@@ -217,7 +218,7 @@ class _LinearThroughputModel:
         a = feats / t_meas[:, None]
         norms = np.linalg.norm(a, axis=0)
         norms[norms == 0] = 1.0
-        rank = int(np.linalg.matrix_rank(a / norms, tol=1e-9))
+        rank = _rank(a / norms)
         if rank < k:
             fixed = self._constant_inputs(samples)
             hint = f" ({', '.join(fixed)} never changed)" if fixed else ""
@@ -267,14 +268,14 @@ class _LinearThroughputModel:
         norms = np.linalg.norm(a, axis=0)
         norms[norms == 0] = 1.0
         an = a / norms
-        if int(np.linalg.matrix_rank(an, tol=1e-9)) == a.shape[1]:
+        if _rank(an) == a.shape[1]:
             # full column rank: every column adds rank, the greedy pass keeps them all
             return np.ones(a.shape[1], dtype=bool)
         keep = np.zeros(a.shape[1], dtype=bool)
         rank = 0
         for j in range(a.shape[1]):
             keep[j] = True
-            r = int(np.linalg.matrix_rank(an[:, keep], tol=1e-9))
+            r = _rank(an[:, keep])
             if r > rank:
                 rank = r
             else:
@@ -737,6 +738,23 @@ _LOG_FLOOR = 1e-300  # stage time floor inside logs and powers (a stage with no 
 ResidualFn = Callable[[FloatArray], tuple[FloatArray, Callable[[], FloatArray]]]
 
 
+def _rank(a: FloatArray, tol: float = 1e-9) -> int:
+    """``np.linalg.matrix_rank(a, tol=tol)``: singular values above ``tol``, from the same
+    LAPACK routine (gesdd) called directly; numpy's wrapper costs more than the
+    decomposition of the few columns fitted here, and the fits call it thousands of times."""
+    _, sv, _, info = lapack.dgesdd(a, compute_uv=0)
+    if info != 0:  # not converged: numpy's own call says so (LinAlgError)
+        return int(np.linalg.matrix_rank(a, tol=tol))
+    return int(np.count_nonzero(sv > tol))
+
+
+def _solve(a: FloatArray, b: FloatArray) -> tuple[FloatArray, int]:
+    """``np.linalg.solve(a, b)`` (LU, LAPACK gesv, called directly: the same result without
+    numpy's per-call overhead) and gesv's ``info`` (> 0: ``a`` is singular)."""
+    _, _, x, info = lapack.dgesv(a, b)
+    return x, int(info)
+
+
 def _bounded_lm(
     fun: ResidualFn,
     x0: FloatArray,
@@ -780,9 +798,8 @@ def _bounded_lm(
         while lam < 1e12:
             a = h.copy()
             a.flat[:: n_free + 1] += lam * d  # the damping on the diagonal
-            try:
-                step = np.linalg.solve(a, g_free)
-            except np.linalg.LinAlgError:
+            step, info = _solve(a, g_free)
+            if info != 0:  # singular
                 lam *= 10.0
                 continue
             if all_free:
