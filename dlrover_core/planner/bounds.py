@@ -85,15 +85,21 @@ class JobBounds:
             notes.append("clamped to the spec's constraints (pins, min/max, max node size)")
         if (w.total + p.total).fits_in(self.quota):
             return w, p, notes
-        # Too big: first fewer workers, then smaller nodes, keeping pinned values.
+        # Too big: first fewer workers, then smaller nodes, keeping pinned values. Only the
+        # dimension over the quota shrinks: memory under what the nodes use is an OOM, CPU
+        # under it only slower, so a plan whose CPU alone is too much keeps its memory
         w = RolePlan(_most_that_fit(w, p.total, self.quota, self.workers.count(0)), w.resources)
-        scale = 1.0
+        k_cpu = k_mem = 1.0
         for _ in range(40):
-            if (w.total + p.total).fits_in(self.quota):
+            total = w.total + p.total
+            if total.fits_in(self.quota):
                 break
-            scale *= 0.9
-            w = self.workers.clamp(RolePlan(w.count, _scaled(workers.resources, scale)))
-            p = self.ps.clamp(RolePlan(p.count, _scaled(ps.resources, scale)))
+            if total.cpu_millicores > self.quota.cpu_millicores:
+                k_cpu *= 0.9
+            if total.memory_mib > self.quota.memory_mib:
+                k_mem *= 0.9
+            w = self.workers.clamp(RolePlan(w.count, _scaled(workers.resources, k_cpu, k_mem)))
+            p = self.ps.clamp(RolePlan(p.count, _scaled(ps.resources, k_cpu, k_mem)))
         if not (w.total + p.total).fits_in(self.quota):
             # 40 shrink steps were not enough (a request far above the quota): the smallest
             # nodes, pins kept; the spec's check guarantees the minimum job fits
@@ -122,8 +128,8 @@ def _most_that_fit(rp: RolePlan, other: NodeResources, quota: NodeResources, lo:
     return max(lo, n)
 
 
-def _scaled(r: NodeResources, k: float) -> NodeResources:
-    return NodeResources(int(r.cpu_millicores * k), int(r.memory_mib * k))
+def _scaled(r: NodeResources, k_cpu: float, k_mem: float) -> NodeResources:
+    return NodeResources(int(r.cpu_millicores * k_cpu), int(r.memory_mib * k_mem))
 
 
 def round_up_level(millicores: float, levels: tuple[int, ...]) -> int:

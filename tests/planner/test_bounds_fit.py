@@ -50,3 +50,23 @@ def test_fit_shrinks_workers_then_ps(
     w, p, _ = bounds.fit(RolePlan(workers, node), RolePlan(ps, node))
     assert (w.count, p.count) == (want_workers, want_ps)
     assert (w.total + p.total).fits_in(bounds.quota)
+
+
+def test_only_the_dimension_over_the_quota_shrinks() -> None:
+    """The PS alone need more CPU than the quota (a recurring job's warm start: 8 PS × 16
+    CPU in 112 CPU): CPU shrinks, memory per node stays what the nodes were measured to use
+    (shrinking it too would OOM every worker at start); memory over the quota shrinks too."""
+    role = RoleBounds(1, 500, None, None, None, 64_000, 256_000)
+    bounds = JobBounds(role, role, NodeResources(112_000, 160 * 1024))
+    w, p, notes = bounds.fit(
+        RolePlan(16, NodeResources(12_000, 6592)), RolePlan(8, NodeResources(16_000, 2519))
+    )
+    assert (w.total + p.total).fits_in(bounds.quota) and any("shrunk" in n for n in notes)
+    assert w.resources.memory_mib == 6592 and p.resources.memory_mib == 2519
+    assert p.resources.cpu_millicores < 16_000
+    tight = JobBounds(role, role, NodeResources(112_000, 16 * 1024))
+    w, p, _ = tight.fit(
+        RolePlan(16, NodeResources(12_000, 6592)), RolePlan(8, NodeResources(16_000, 2519))
+    )
+    assert (w.total + p.total).fits_in(tight.quota)
+    assert p.resources.memory_mib < 2519  # memory over the quota: memory shrinks as well
