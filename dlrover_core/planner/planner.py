@@ -238,7 +238,7 @@ class ModelChoice:
             configs = frozenset(
                 (int(c[0]), int(c[1]), float(c[2]), float(c[3])) for c in raw if len(c) == 4
             )
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, KeyError, IndexError):
             return False
         if len(configs) < OVERLAP_MIN_CONFIGS or len(configs) != len(raw):
             return False

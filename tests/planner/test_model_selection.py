@@ -272,6 +272,8 @@ def test_a_past_runs_choice_is_adopted_and_round_trips_through_json(
         {"form": "ps", "configs": "1,1,1,1"},
         {"form": "ps", "configs": [[1, 1, 1.0]] * 5},
         {"form": "ps", "configs": [[1, 1, "x", 1.0]] * 5},
+        {"form": "ps", "configs": [{"a": 1, "b": 1, "c": 1, "d": 1}] * 5},
+        {"form": "ps", "configs": [3, 4, 5, 6, 7]},
         {"form": "ps", "configs": [[1, 1, 1.0, 1.0], [2, 1, 1.0, 1.0]]},  # too few to be one
         {"form": "ps", "configs": [[1, 1, 1.0, 1.0]] * 5},  # repeated: not 5 configurations
     ],
