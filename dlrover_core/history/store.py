@@ -360,8 +360,12 @@ class HistoryStore:
     @staticmethod
     def _record(r: sa.Row[Any]) -> HistoryRecord:
         samples = [s for s in (_sample_from_dict(d) for d in (r.samples or [])) if s is not None]
-        extra: dict[str, Any] = {"samples": samples, "run_id": int(r.id), "job": r.job}
-        extra["auc"] = r.auc
+        extra: dict[str, Any] = {
+            "samples": samples,
+            "run_id": int(r.id),
+            "job": r.job,
+            "auc": r.auc,
+        }
         choice = (r.metrics or {}).get("model_choice")
         if choice is not None:
             extra["model_choice"] = choice

@@ -337,10 +337,11 @@ class Planner:
         """Stage 1; when similar runs left speed samples that identify the model, the warm
         start is refined by the model at once (no sampling needed for a recurring job)."""
         base = initial_plan(self.spec, history, self.config, now_s)
-        prior = self.history_samples(history, now_s)
+        runs = similar_runs(self.spec, history, now_s, self.config.history_window_s)
+        prior = _samples_of(runs)
         if not prior:
             return base
-        self._adopt_model_choice(history, now_s)
+        self._adopt_model_choice(runs)
         model, _ = self._fit(prior)
         if model is None or not model.trustworthy(self.config.max_trust_rel_error):
             return base
@@ -350,16 +351,14 @@ class Planner:
         )
         return plan.replace(stage=base.stage, reasons=(*base.reasons, *plan.reasons))
 
-    def _adopt_model_choice(self, history: Sequence[HistoryRecord], now_s: float) -> None:
-        """The newest similar run's model-form choice (``extra["model_choice"]``, from
-        :meth:`model_choice`) seeds this run's, when the model factory remembers one."""
+    def _adopt_model_choice(self, runs: Sequence[HistoryRecord]) -> None:
+        """The newest of the similar ``runs`` with a model-form choice (``extra
+        ["model_choice"]``, from :meth:`model_choice`) seeds this run's, when the model
+        factory remembers one."""
         adopt = getattr(self.model_factory, "adopt", None)
-        runs = similar_runs(self.spec, history, now_s, self.config.history_window_s)
-        for r in sorted(runs, key=lambda r: r.finished_at_s, reverse=True):
-            if "model_choice" in r.extra:
-                if adopt is not None:
-                    adopt(r.extra["model_choice"])
-                return
+        with_choice = [r for r in runs if "model_choice" in r.extra]
+        if adopt is not None and with_choice:
+            adopt(max(with_choice, key=lambda r: r.finished_at_s).extra["model_choice"])
 
     def model_choice(self) -> dict[str, Any] | None:
         """The model form this run chose and from which configurations (JSON), for the
@@ -369,11 +368,7 @@ class Planner:
 
     def history_samples(self, history: Sequence[HistoryRecord], now_s: float = 0.0) -> list[Sample]:
         """Speed samples that similar past runs recorded (``extra["samples"]``)."""
-        runs = similar_runs(self.spec, history, now_s, self.config.history_window_s)
-        out: list[Sample] = []
-        for r in runs:
-            out.extend(s for s in r.extra.get("samples", ()) if isinstance(s, Sample))
-        return out
+        return _samples_of(similar_runs(self.spec, history, now_s, self.config.history_window_s))
 
     def offline_plan(
         self,
@@ -1152,6 +1147,14 @@ def abandoned_keys(past_plans: Sequence[ResourcePlan]) -> frozenset[scaling.Conf
         for prev, nxt in itertools.pairwise(plans)
         if nxt.action == REVERT_ACTION
     )
+
+
+def _samples_of(runs: Sequence[HistoryRecord]) -> list[Sample]:
+    """The speed samples the ``runs`` recorded (``extra["samples"]``), in their order."""
+    out: list[Sample] = []
+    for r in runs:
+        out.extend(s for s in r.extra.get("samples", ()) if isinstance(s, Sample))
+    return out
 
 
 def _mean_speeds(samples: Sequence[Sample]) -> dict[scaling.ConfigKey, float]:

@@ -131,8 +131,14 @@ _JOBS: list[TraceJob] = []
 # two processes dlrover-rm has one to itself and the other runs the oracle search and the rest;
 # the oracle policy right after the search, in the process that holds its results (elsewhere
 # it would search again)
-_COST_ORDER = {"dlrover-rm": 0, "oracle": 1, "vpa": 2, "dlrover-oss": 3, "autopilot": 4}
-_COST_ORDER["optimus"] = 5
+_COST_ORDER = {
+    "dlrover-rm": 0,
+    "oracle": 1,
+    "vpa": 2,
+    "dlrover-oss": 3,
+    "autopilot": 4,
+    "optimus": 5,
+}
 _ORACLES = "\0oracles"  # the task that computes every job's oracle configuration
 
 
