@@ -44,6 +44,11 @@ class PlannerConfig:
     urgent_ps_gain: float = 0.25  # a PS change inside the PS pacing interval must beat
     # the best worker-only change by this much (ours: DLRover's fixed 1 h wait costs long jobs)
     ps_memory_margin: float = 1.2
+    # a predicted PS OOM this far ahead (at the measured speed), with every PS under this
+    # share of its memory, waits for the next move and rides along with it (ours, issue 10:
+    # a raise on its own is one more PS restart); 0 raises at once
+    ps_memory_defer_s: float = 1800.0
+    ps_memory_defer_util: float = 0.8
     cpu_levels_millicores: tuple[int, ...] = (
         500,
         1000,

@@ -33,7 +33,7 @@ from dlrover_core.planner.memory_sizing import (
     ps_memory_from_fit,
     worker_memory_mib,
 )
-from dlrover_core.planner.post_scaling import StragglerMemo, post_scale
+from dlrover_core.planner.post_scaling import StragglerMemo, post_scale, ps_memory_along
 from dlrover_core.planner.warm_start import initial_plan, similar_runs
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
@@ -403,7 +403,29 @@ class Planner:
     ) -> PlanDecision:
         """``samples`` are this run's; ``prior_samples`` (e.g. from similar past runs) only
         help fit the model. A change is proposed only when the time it is predicted to save
-        (on the model's lower band, calibrated to the measured speed) beats its pause."""
+        (on the model's lower band, calibrated to the measured speed) beats its pause. A
+        PS memory raise that could wait rides along with the change (``ps_memory_along``)."""
+        d = self._replan(current, observations, samples, now_s, past_plans, prior_samples)
+        return self._memory_along(current, observations, d)
+
+    def _memory_along(
+        self, current: ResourcePlan, observations: Sequence[Observation], d: PlanDecision
+    ) -> PlanDecision:
+        if d.plan is None:
+            return d
+        fit = self._memory_fits(observations)[0]
+        plan = ps_memory_along(self.config, self.bounds, current, d.plan, observations, fit)
+        return d if plan is d.plan else dataclasses.replace(d, plan=plan)
+
+    def _replan(
+        self,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+        past_plans: Sequence[ResourcePlan],
+        prior_samples: Sequence[Sample],
+    ) -> PlanDecision:
         cfg = self.config
         urgent = post_scale(
             self.spec,
@@ -668,7 +690,8 @@ class Planner:
             bounds=self.bounds,
             straggler_memo=self._straggler_memo(observations),
         )
-        return PlanDecision(urgent, () if urgent is not None else ("stage 3: nothing to fix",))
+        d = PlanDecision(urgent, () if urgent is not None else ("stage 3: nothing to fix",))
+        return self._memory_along(current, observations, d)
 
     def _recheck_s(
         self, now_s: float, age_s: float, left_s: float | None, unblocked_s: float | None

@@ -115,6 +115,68 @@ def _headroom(bounds: JobBounds, plan: ResourcePlan) -> NodeResources:
     return bounds.quota - plan.total
 
 
+def _grows(fit: PSMemoryFit, last: Observation) -> bool:
+    return (
+        fit.growth is not None and last.samples_total > 0 and last.samples_done < last.samples_total
+    )
+
+
+def _ps_limit(plan: ResourcePlan) -> int:
+    """The smallest PS memory of ``plan`` (MiB): where the busiest PS runs out first."""
+    return min(plan.node_resources(Role.PS, i).memory_mib for i in range(plan.ps.count))
+
+
+def _can_wait(cfg: PlannerConfig, last: Observation, limit: int, oom_at: float | None) -> bool:
+    """A predicted PS OOM may wait for the next move when, at the measured speed, it is more
+    than ``ps_memory_defer_s`` away and no PS uses ``ps_memory_defer_util`` of its memory yet
+    (a raise on its own is one more PS restart; riding along with a move it costs none)."""
+    if cfg.ps_memory_defer_s <= 0 or oom_at is None or last.throughput_sps <= 0:
+        return False
+    busiest = max((n.memory_used_mib for n in last.of(Role.PS)), default=limit)
+    if busiest >= cfg.ps_memory_defer_util * limit:
+        return False
+    return (oom_at - last.samples_done) / last.throughput_sps > cfg.ps_memory_defer_s
+
+
+def ps_memory_along(
+    cfg: PlannerConfig,
+    bounds: JobBounds,
+    current: ResourcePlan,
+    plan: ResourcePlan,
+    observations: Sequence[Observation],
+    fit: PSMemoryFit,
+) -> ResourcePlan:
+    """``plan`` (a move away from ``current``) with the PS memory the end of training needs,
+    when it keeps the PS as they are and the memory fit predicts that the busiest PS
+    outgrows them: a raise that could wait (see :func:`_can_wait`) rides along."""
+    ps = plan.ps
+    if (
+        not observations
+        or ps.count == 0
+        or ps != current.ps
+        or plan.action == "ps_memory"
+        or any(o.role is Role.PS for o in plan.overrides)
+        or bounds.ps.pinned_memory_mib is not None
+        or not _grows(fit, observations[-1])
+    ):
+        return plan
+    peak = fit.per_ps_mib(ps.count)
+    if peak <= _ps_limit(plan):
+        return plan
+    need = ceil_mib(peak * cfg.ps_memory_margin)
+    extra = (need - ps.resources.memory_mib) * ps.count
+    if need > bounds.ps.max_memory_mib or extra > _headroom(bounds, plan).memory_mib:
+        return plan
+    return plan.replace(
+        ps=RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, need)),
+        reasons=(
+            *plan.reasons,
+            f"PS memory raised to {need} MiB with this move: the busiest PS reaches "
+            f"{peak:,.0f} MiB by the end of training (memory model {fit.source})",
+        ),
+    )
+
+
 def _pending(
     spec: JobSpec,
     cfg: PlannerConfig,
@@ -158,11 +220,13 @@ def _ps_memory(
         return None
     last = observations[-1]
     fit = fit or fit_ps_memory(spec, observations)
-    if fit.growth is not None and last.samples_total > 0 and last.samples_done < last.samples_total:
-        limit = min(current.node_resources(Role.PS, i).memory_mib for i in range(ps.count))
+    if _grows(fit, last):
+        limit = _ps_limit(current)
         peak = fit.per_ps_mib(ps.count)
-        if peak > limit:
-            oom_at = fit.oom_at_samples(ps.count, limit)
+        oom_at = fit.oom_at_samples(ps.count, limit) if peak > limit else None
+        # far ahead, the raise rides along with the next move (ps_memory_along), or comes on
+        # its own once the OOM is ps_memory_defer_s away
+        if peak > limit and not _can_wait(cfg, last, limit, oom_at):
             why = (
                 f"predicted PS OOM: the busiest PS reaches {peak:,.0f} MiB by the end of "
                 f"training (limit {limit} MiB"

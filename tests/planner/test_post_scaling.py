@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlrover_core.planner import PlannerConfig
-from dlrover_core.planner.post_scaling import post_scale
+from dlrover_core.planner.bounds import JobBounds
+from dlrover_core.planner.memory_sizing import fit_ps_memory
+from dlrover_core.planner.post_scaling import post_scale, ps_memory_along
 from dlrover_core.types import (
     NodeOverride,
     NodeResources,
@@ -19,6 +21,7 @@ from dlrover_core.types import (
     Observation,
     ResourcePlan,
     Role,
+    RolePlan,
     Stage,
 )
 from tests.factories import make_obs, make_plan, make_spec, node
@@ -156,12 +159,20 @@ GROWTH = [(10**6, 100_000), (4 * 10**6, 200_000), (9 * 10**6, 300_000)]
 ONE_PS = make_plan((2, 2000, 4096), (1, 2000, 2048), created_at_s=T0)
 
 
-def growth_obs(samples_total: int) -> list[Observation]:
+# samples/s at which the OOM predicted below (~4.097·10^9 samples) is ~23 min away: under
+# ps_memory_defer_s (30 min), so it cannot wait for the next move
+NEAR_SPS = 3e6
+
+
+def growth_obs(
+    samples_total: int, sps: float = NEAR_SPS, ps_mem_util: float = 0.5
+) -> list[Observation]:
     return [
         make_obs(
             T0 + 10 * (i + 1),
             ps_util=[0.5],
-            ps_mem_util=[0.5],  # nowhere near the limit yet
+            ps_mem_util=[ps_mem_util],  # 0.5: nowhere near the limit yet
+            throughput_sps=sps,
             ps_cpu=2000,
             ps_mem=2048,
             samples_done=n,
@@ -203,6 +214,60 @@ def test_predicted_oom_grows_the_ps_set_when_a_node_cannot_grow() -> None:
     assert "grow PS from 1 to 3" in plan.reasons[1]
 
 
+@pytest.mark.parametrize(
+    ("sps", "ps_mem_util", "defer_s", "waits"),
+    [
+        (1e6, 0.5, 1800.0, True),  # ~68 min away, PS half full: waits for the next move
+        (NEAR_SPS, 0.5, 1800.0, False),  # ~23 min away: raised now
+        (1e6, 0.85, 1800.0, False),  # a PS already uses 85 % of its memory: raised now
+        (1e6, 0.5, 0.0, False),  # ps_memory_defer_s 0: never waits
+        (0.0, 0.5, 1800.0, False),  # no measured speed: no time to wait on
+    ],
+)
+def test_a_far_predicted_oom_waits_for_the_next_move(
+    sps: float, ps_mem_util: float, defer_s: float, waits: bool
+) -> None:
+    """(4.097·10^9 − 9·10^6) samples at 10^6 samples/s is 4088 s away, at 3·10^6 it is
+    1363 s: only the first is more than ps_memory_defer_s ahead."""
+    s = make_spec(quota=BIG)
+    cfg = PlannerConfig.from_spec(s, idle_worker_cpu_util=0.0, ps_memory_defer_s=defer_s)
+    plan = post_scale(s, cfg, ONE_PS, growth_obs(10**10, sps, ps_mem_util), 140.0)
+    if waits:
+        assert plan is None
+    else:
+        assert plan is not None and plan.action == "ps_memory", plan
+        assert "predicted PS OOM" in plan.reasons[0]
+
+
+def test_a_raise_that_waits_rides_along_with_the_next_move() -> None:
+    """The next move (here, more workers) carries the 3200 MiB the end of training needs
+    (see test_predicted_oom_raises_ps_memory_before_it_happens); a move that changes the PS
+    itself, or one made when nothing is predicted, is left as it is."""
+    s = make_spec(quota=BIG)
+    cfg = PlannerConfig.from_spec(s)
+    bounds = JobBounds.from_spec(s)
+    far = growth_obs(10**10, sps=1e6)
+    fit = fit_ps_memory(s, far)
+    more_workers = ONE_PS.replace(workers=RolePlan(4, ONE_PS.workers.resources), action="scale")
+    plan = ps_memory_along(cfg, bounds, ONE_PS, more_workers, far, fit)
+    assert plan.workers.count == 4
+    assert plan.ps == RolePlan(1, NodeResources(2000, 3200))
+    assert "PS memory raised to 3200 MiB with this move" in plan.reasons[-1]
+    more_ps = ONE_PS.replace(ps=RolePlan(3, ONE_PS.ps.resources), action="scale")
+    assert ps_memory_along(cfg, bounds, ONE_PS, more_ps, far, fit) is more_ps
+    small = growth_obs(10**8, sps=1e6)  # 10^8 samples: fits 2 GiB
+    fit_small = fit_ps_memory(s, small)
+    assert ps_memory_along(cfg, bounds, ONE_PS, more_workers, small, fit_small) is more_workers
+    # no room in the quota for the raise: the move goes as it is
+    tight = make_spec(quota={"cpu": 32, "memory": "19Gi"})  # 4 × 4 GiB + 2 GiB: 1 GiB left
+    tb = JobBounds.from_spec(tight)
+    assert ps_memory_along(cfg, tb, ONE_PS, more_workers, far, fit) is more_workers
+    roomy = JobBounds.from_spec(make_spec(quota={"cpu": 32, "memory": "20Gi"}))  # 2 GiB left
+    assert (
+        ps_memory_along(cfg, roomy, ONE_PS, more_workers, far, fit).ps.resources.memory_mib == 3200
+    )
+
+
 def test_ps_memory_slope_is_fitted_from_growth() -> None:
     """PS memory that grows 1 KiB per distinct row is fitted as such (not the spec's 176 B)."""
     obs = [
@@ -218,8 +283,6 @@ def test_ps_memory_slope_is_fitted_from_growth() -> None:
         )
         for i, (n, u) in enumerate(GROWTH)
     ]
-    from dlrover_core.planner.memory_sizing import fit_ps_memory
-
     fit = fit_ps_memory(make_spec(quota=BIG), obs)
     assert fit.mib_per_row == pytest.approx(1 / 1024, rel=0.02)
     assert fit.fixed_per_ps_mib == pytest.approx(1000, abs=3)
