@@ -84,7 +84,10 @@ def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]
     return sorted(vals)
 
 
-SPAN_STRETCH = 2.0
+# how far past the measured span a partial fit may extrapolate (× and ÷). 2.5, not 2: jobs
+# grew in ~×2 steps (8 -> 16 -> 28 -> 49 workers), each one more pause and re-plan interval;
+# the model's lower band still judges each move (issue 10, notes/issue-10.md session 8)
+SPAN_STRETCH = 2.5
 # the coefficients through which each CPU input acts (the model forms' B/λ terms)
 _CPU_TERMS = {"worker_cpu": ("a1", "a2"), "ps_cpu": ("b1", "b4", "b5")}
 

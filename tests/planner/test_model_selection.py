@@ -185,6 +185,28 @@ def test_search_prices_cpu_beyond_the_span_when_only_the_lost_cores_term_acts() 
     assert res.workers.resources.cpu_millicores > 4000
 
 
+def test_a_partial_fit_extrapolates_worker_counts_at_most_span_stretch_past_its_span() -> None:
+    """Samples at 2, 3 and 4 workers (1 PS, CPUs fixed) of a job that scales almost linearly:
+    the fit is partial, so the search may go up to 4 × SPAN_STRETCH = 10 workers, not to the
+    quota's 60, and past the 8 that a stretch of 2 allowed (jobs grew in ~×2 steps)."""
+    from dlrover_core.model.throughput import PSThroughputModel
+    from dlrover_core.planner.scaling import SPAN_STRETCH
+
+    coef = {"a0": 0.01, "a1": 0.001, "a2": 0.0, "b1": 1e-7, "b2": 1e-9, "b3": 0.0}
+
+    def x(w: int) -> float:
+        t = coef["a0"] + coef["a1"] * B + (coef["b1"] * B + coef["b2"] * B) * w
+        return w * B / t
+
+    samples = [Sample(w, 1, 4.0, 4.0, x(w), batch_size=B) for w in (2, 3, 4) for _ in (0, 1)]
+    model = PSThroughputModel(batch_size=B).fit(samples)
+    assert not model.full_rank_
+    spec = make_spec(quota={"cpu": 512, "memory": "2048Gi"})
+    current = make_plan((4, 4000, 2048), (1, 4000, 4096))
+    res = search(model, current, JobBounds.from_spec(spec), PlannerConfig(), 2048, lambda p: 4096)
+    assert 8 < res.workers.count <= 4 * SPAN_STRETCH
+
+
 def test_the_choice_is_remembered_until_the_configurations_grow_by_half(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
