@@ -94,6 +94,11 @@ OVERLAP_MIN_IMPROVEMENT = 0.005
 # form that predicted the held-out configurations of n rarely loses to the other on a
 # few more, and each choice costs ten fits. In between only the chosen form is refitted.
 CHOOSE_AGAIN_GROWTH = 1.5
+# before the job runs, more PS than the base (warm) plan get at least this share of its
+# memory per PS: its memory is the last run's peak × margin, and how much of that is a fixed
+# part that more PS do not spread is unknown (at 0.75, a warm 5 × 2048 MiB PS moved to
+# 8 × 1536: five PS OOMs at the start; issue 10, session 8)
+BASE_PS_MEMORY_FLOOR = 1.0
 
 
 def held_out_errors(
@@ -921,10 +926,10 @@ class Planner:
         def ps_mem(p: int) -> int:
             need = ps_memory_from_fit(fit, p, sums, cfg.ps_memory_margin)
             if memory_from is not None and memory_from.ps.count > 0:
-                # same total over p PS, but never below 3/4 of a node of the base plan: each
-                # PS has a fixed part the base plan's total cannot tell apart
+                # the base plan's total over p PS, but never below BASE_PS_MEMORY_FLOOR of
+                # one of its nodes
                 b = memory_from.ps
-                need = max(need, b.resources.memory_mib * max(b.count / p, 0.75))
+                need = max(need, b.resources.memory_mib * max(b.count / p, BASE_PS_MEMORY_FLOOR))
             return ceil_mib(need)
 
         if memory_from is not None and not observations:

@@ -239,3 +239,22 @@ def test_round_up_level(millicores: float, level: int) -> None:
 @pytest.mark.parametrize(("mib", "rounded"), [(0, 0), (1, 64), (64, 64), (65, 128), (-5, 0)])
 def test_ceil_mib(mib: float, rounded: int) -> None:
     assert ceil_mib(mib) == rounded
+
+
+def test_more_ps_than_the_warm_plan_keep_its_memory_per_ps_before_the_job_runs() -> None:
+    """Before any observation the search sizes PS memory from the base (warm) plan: its
+    3 × 6 GiB PS are the last run's peak × margin, and how much of that is a fixed part per
+    PS is unknown, so more PS keep 6 GiB each (at 3/4 of it, a warm 5 × 2048 MiB PS set
+    moved to 8 × 1536 MiB OOMed at the start); fewer PS share its total."""
+    spec = make_spec(quota={"cpu": 256, "memory": "512Gi"})
+    planner = Planner(spec)
+    model = fitted_model(TRUTHS["ps-bound"])
+    for count, per_ps in ((3, 6144), (12, 1024)):
+        base = make_plan((4, 4000, 2048), (count, 4000, per_ps))
+        res = planner._search(model, base, (), SearchLimits(), memory_from=base)
+        assert res.ps.count != count  # the ps-bound job wants other PS counts
+        mem = res.ps.resources.memory_mib
+        if res.ps.count > count:
+            assert mem >= per_ps, res
+        else:
+            assert mem >= ceil_mib(per_ps * count / res.ps.count), res
