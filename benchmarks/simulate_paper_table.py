@@ -136,7 +136,8 @@ def report(traces: list[dict[str, Any]], seeds: list[int]) -> None:
     n_crit = len(traces[0]["criteria"])
     print(f"dlrover-rm vs dlrover-oss / manual / oracle, {len(traces)} traces, worst first")
     print(
-        f"(tuned on or looked into: seeds {list(TUNED_ON)}; reported seeds {seeds}, plus --big if given)\n"
+        f"(tuned on or looked into: seeds {list(TUNED_ON)}; reported seeds {seeds}, "
+        "plus --big if given)\n"
     )
     for t in traces:
         print(f"== {t['jobs']} jobs, seed {t['seed']}: {t['passed']}/{n_crit} criteria pass")
