@@ -81,7 +81,8 @@ class PlannerConfig:
     recheck_fraction: float = 0.0
     recheck_max_s: float = 1800.0  # ... but never later than this
     # neither side busy and the model sees no move: measure twice the PS (ours, issue 10)
-    stall_util: float = 0.6  # busiest PS and mean worker CPU use both under this
+    stall_util: float = 0.7  # busiest PS and mean worker CPU use both under this (0.6:
+    # a 43-worker job on 2 PS at 58 % / 67 % and workers at 51 % never probed; session 8)
     stall_min_left_s: float = 3600.0
     stall_probes: int = 4  # probes a run, each after one that measured this much faster:
     stall_min_gain: float = 0.08

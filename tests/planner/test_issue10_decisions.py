@@ -167,10 +167,14 @@ def _stall_replan(
     return planner.replan(cur, obs, samples, 1200.0, plans)
 
 
-def test_neither_side_busy_measures_twice_the_ps_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Busiest PS at 50 %, workers at 50 % of their CPU and hours left: what bounds the speed
-    is not CPU (network, a hot shard), so the planner measures 4 PS, CPU and workers kept."""
-    d = _stall_replan(monkeypatch, (0.5, 0.45), 10**9)
+@pytest.mark.parametrize("ps_util", [(0.5, 0.45), (0.58, 0.67)])
+def test_neither_side_busy_measures_twice_the_ps_once(
+    monkeypatch: pytest.MonkeyPatch, ps_util: tuple[float, ...]
+) -> None:
+    """Busiest PS at 50 % (or 67 %: under stall_util 0.7), workers at 50 % of their CPU and
+    hours left: what bounds the speed is not CPU (network, a hot shard), so the planner
+    measures 4 PS, CPU and workers kept."""
+    d = _stall_replan(monkeypatch, ps_util, 10**9)
     assert d.plan is not None, d.notes
     assert d.plan.action == STALL_ACTION and d.plan.stage is Stage.SCALING
     assert (d.plan.ps.count, d.plan.ps.resources.cpu_millicores) == (4, 4000)
@@ -181,7 +185,7 @@ def test_neither_side_busy_measures_twice_the_ps_once(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(
     ("ps_util", "samples_total", "past"),
     [
-        ((0.7, 0.5), 10**9, ()),  # a PS is busy: CPU shows the bottleneck
+        ((0.7, 0.5), 10**9, ()),  # a PS is busy (stall_util): CPU shows the bottleneck
         ((0.5, 0.45), 10**9, (STALL_ACTION,)),  # probed once already this run
         ((0.5, 0.45), 9384 * 1800, ()),  # ~30 min left: the pause would not pay back
     ],
