@@ -553,6 +553,10 @@ class PlannerSpec(_Strict):
         default=None, ge=0, lt=1,
         description="workers all below this busy get less CPU, once a run (0.6; 0: never)",
     )  # fmt: skip
+    ps_memory_defer_s: float | None = Field(
+        default=None, ge=0,
+        description="a PS OOM predicted this far ahead waits for the next move (1800; 0: never)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _check_utils(self) -> PlannerSpec:

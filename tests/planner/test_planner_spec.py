@@ -41,9 +41,11 @@ def test_the_section_reaches_planner_spec_alone() -> None:
             "min_remaining_to_sample_s": 600,
             "max_worker_step": 3,
             "hot_ps_cpu_util": 0.8,
+            "ps_memory_defer_s": 0,
         }
     )
     cfg = Planner(spec).config
+    assert cfg.ps_memory_defer_s == 0.0
     assert (cfg.worker_change_pause_s, cfg.ps_change_pause_s) == (45.0, 240.5)
     assert cfg.min_remaining_to_sample_s == 600.0
     assert cfg.max_worker_step == 3 and isinstance(cfg.max_worker_step, int)
@@ -79,6 +81,7 @@ def test_the_section_round_trips_and_an_unset_one_stays_out() -> None:
         ("recheck_fraction", 3, "less than or equal to 1"),
         ("hot_ps_cpu_util", 1.2, "less than or equal to 1"),
         ("idle_ps_cpu_util", 1.0, "less than 1"),
+        ("ps_memory_defer_s", -60, "greater than or equal to 0"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_field(field: str, value: Any, says: str) -> None:
