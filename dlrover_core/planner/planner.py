@@ -38,6 +38,7 @@ from dlrover_core.planner.warm_start import initial_plan, similar_runs
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     HistoryRecord,
+    NodeResources,
     Observation,
     ResourcePlan,
     Role,
@@ -777,10 +778,33 @@ class Planner:
         if not worth:
             return None, note, unblocked
         plan = self._scaled_plan(current, res, model, now_s)
+        plan = self._worker_cpu_to_use(plan, model, limits)
         return (
             plan.replace(reasons=(*plan.reasons, note, *([urgent_note] if urgent_note else ()))),
             note,
             None,
+        )
+
+    def _worker_cpu_to_use(
+        self, plan: ResourcePlan, model: ThroughputModel, limits: scaling.SearchLimits
+    ) -> ResourcePlan:
+        """A model that never saw CPU per worker vary keeps it where it was; when the workers
+        use well under it (``limits.max_worker_cpu_millicores``: DLRover's CPU = observed use
+        + margin), the move gives them that instead: they cannot use more."""
+        cap = limits.max_worker_cpu_millicores
+        w = plan.workers.resources
+        if cap is None or "worker_cpu" not in model.fixed_inputs_:
+            return plan
+        cpu = self.bounds.workers.cpu(cap)
+        if cpu >= w.cpu_millicores:
+            return plan
+        return plan.replace(
+            workers=RolePlan(plan.workers.count, NodeResources(cpu, w.memory_mib)),
+            reasons=(
+                *plan.reasons,
+                f"CPU per worker {w.cpu_cores:g} -> {cpu / 1000:g}: what the workers use, "
+                "with margin (the model never saw it vary)",
+            ),
         )
 
     def _local_speedup(

@@ -231,3 +231,42 @@ def test_a_probe_that_paid_allows_the_next(
         assert d.plan.ps.count == 4
     else:
         assert d.plan is None or d.plan.action != STALL_ACTION
+
+
+# --- a model that never saw CPU per worker vary ------------------------------------------------
+
+GROW_COEF = {"a0": 0.01, "a1": 0.002, "b1": 1e-05, "b2": 1e-08, "b3": 0.0001}
+
+
+@pytest.mark.parametrize("varied_cpu", [False, True])
+def test_a_move_gives_workers_the_cpu_they_use_when_the_model_never_saw_it_vary(
+    varied_cpu: bool,
+) -> None:
+    """Samples at 16 CPU per worker only (2, 4 and 8 workers; 1 and 2 PS): the model predicts
+    at 16 CPU alone, so its move keeps 16; the workers use half of it (the factories'
+    workers) with the PS far from hot, so the move gives them 8 × 1.1 -> 12 CPU, what
+    DLRover's "CPU = observed use + margin" allows. A model that saw the CPU vary sizes it."""
+    spec = make_spec(quota={"cpu": 1024, "memory": "4096Gi"})
+    planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
+    cur = make_plan((8, 16000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
+    cpus = (8.0, 16.0) if varied_cpu else (16.0,)
+    configs = [(w, p, c, 4.0) for w in (2, 4, 8) for p in (1, 2) for c in cpus]
+    samples = exact_samples(GROW_COEF, configs, reps=3)
+    here = exact_samples(GROW_COEF, [(8, 2, 16.0, 4.0)], reps=5)
+    samples += [dataclasses.replace(s, timestamp_s=600.0 + i) for i, s in enumerate(here)]
+    obs = [
+        make_obs(t, ps_util=(0.6, 0.6), ps_cpu=4000, worker_cpu=16000,
+                 worker_speeds=[100.0] * 8, samples_total=10**10)
+        for t in (900.0, 960.0, 1020.0)
+    ]  # fmt: skip
+    d = planner.replan(cur, obs, samples, 1200.0, [cur])
+    assert d.plan is not None and d.plan.action == "scale", d.notes
+    assert d.plan.workers.count > 8
+    said = any("the model never saw it vary" in r for r in d.plan.reasons)
+    if varied_cpu:
+        assert d.model is not None and "worker_cpu" not in d.model.fixed_inputs_
+        assert not said
+    else:
+        assert d.model is not None and d.model.fixed_inputs_.get("worker_cpu") == 16.0
+        assert said, d.plan.reasons
+        assert d.plan.workers.resources.cpu_millicores == 12000
