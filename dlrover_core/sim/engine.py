@@ -742,6 +742,11 @@ class Engine:
                 return
         if dec.relaunch or (dec.plan is not None):
             new_res = dec.resources or node.res
+            if cls is ExitClass.OOM and dec.plan is not None and rule.resources is not None:
+                # the policy's plan for the OOM waits for room (pending): the node itself
+                # gets the fault rule's memory bump meanwhile, as the runtime's would, never
+                # its old memory (it would OOM again at once)
+                new_res = rule.resources
             node.relaunches[key] = tries + 1
             self._new_window(run, t)
             if new_res != node.res:

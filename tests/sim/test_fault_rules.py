@@ -136,3 +136,23 @@ def test_a_stricter_rule_reaches_the_simulator() -> None:
     assert _sim_exit(engine, run, Role.PS, H, t)[0] == "relaunch"
     assert _sim_exit(engine, run, Role.PS, H, t + 10.0)[0] == "fail"
     assert "relaunch budget of 1 spent" in run.fail_reason
+
+
+def test_a_ps_oom_whose_new_plan_finds_no_room_never_relaunches_the_ps_as_it_was() -> None:
+    """dlrover-rm answers a PS OOM with a new PS plan (ps_oom_action). When the cluster has no
+    room for it, the plan waits (pending) and the PS waits for the fault rule's memory bump,
+    as the runtime's replacement pod would: relaunched with its old memory it OOMed again at
+    once (19 OOMs in one job, seed 206)."""
+    engine, run = _started_run(DEFAULT_FAULT_POLICY)
+    t = run.start_s + 10.0
+    engine._advance(run, t)
+    node = run.ps[0]
+    old = node.res
+    engine.free_cpu, engine.free_mem = 0, 0  # the cluster is full
+    engine._node_exit(run, node, OOM, t)
+    assert run.status == "running"
+    assert run.pending_plan is not None  # the policy's plan waits for room
+    ps = run.ps[0]
+    waiting = ps.pending or ps.res
+    assert waiting.memory_mib > old.memory_mib, (old, waiting)
+    assert ps.pending is None or ps.down_until == float("inf")
