@@ -150,31 +150,47 @@ def ps_memory_along(
     when it keeps the PS as they are and the memory fit predicts that the busiest PS
     outgrows them: a raise that could wait (see :func:`_can_wait`) rides along."""
     ps = plan.ps
+    # a plan that changes the PS (stage 3's own memory moves included) sizes them itself
     if (
         not observations
         or ps.count == 0
         or ps != current.ps
-        or plan.action == "ps_memory"
         or any(o.role is Role.PS for o in plan.overrides)
-        or bounds.ps.pinned_memory_mib is not None
         or not _grows(fit, observations[-1])
     ):
         return plan
     peak = fit.per_ps_mib(ps.count)
     if peak <= _ps_limit(plan):
         return plan
-    need = ceil_mib(peak * cfg.ps_memory_margin)
-    extra = (need - ps.resources.memory_mib) * ps.count
-    if need > bounds.ps.max_memory_mib or extra > _headroom(bounds, plan).memory_mib:
+    raised = _raised_ps(cfg, bounds, plan, peak)
+    if raised is None:
         return plan
     return plan.replace(
-        ps=RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, need)),
+        ps=raised,
         reasons=(
             *plan.reasons,
-            f"PS memory raised to {need} MiB with this move: the busiest PS reaches "
-            f"{peak:,.0f} MiB by the end of training (memory model {fit.source})",
+            f"PS memory raised to {raised.resources.memory_mib} MiB with this move: the "
+            f"busiest PS reaches {peak:,.0f} MiB by the end of training (memory model "
+            f"{fit.source})",
         ),
     )
+
+
+def _raised_ps(
+    cfg: PlannerConfig, bounds: JobBounds, plan: ResourcePlan, peak: float
+) -> RolePlan | None:
+    """``plan``'s PS with the memory a busiest PS of ``peak`` MiB needs (with margin), or
+    None when that is over the PS cap, the quota's headroom, or the memory is pinned."""
+    ps = plan.ps
+    need = ceil_mib(peak * cfg.ps_memory_margin)
+    extra = (need - ps.resources.memory_mib) * ps.count
+    if (
+        bounds.ps.pinned_memory_mib is not None
+        or need > bounds.ps.max_memory_mib
+        or extra > _headroom(bounds, plan).memory_mib
+    ):
+        return None
+    return RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, need))
 
 
 def _pending(
@@ -233,20 +249,13 @@ def _ps_memory(
                 + (f", at ~{oom_at:,.0f} samples" if oom_at else "")
                 + f"; memory model {fit.source})"
             )
-            need = ceil_mib(peak * cfg.ps_memory_margin)
-            extra = (need - ps.resources.memory_mib) * ps.count
-            head = _headroom(bounds, current).memory_mib
-            if (
-                need <= bounds.ps.max_memory_mib
-                and extra <= head
-                and bounds.ps.pinned_memory_mib is None
-            ):
-                new_ps = RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, need))
+            new_ps = _raised_ps(cfg, bounds, current, peak)
+            if new_ps is not None:
                 keep = tuple(o for o in current.overrides if o.role is not Role.PS)
                 return _with(
                     current,
                     now_s,
-                    [why, f"raise PS memory to {need} MiB now"],
+                    [why, f"raise PS memory to {new_ps.resources.memory_mib} MiB now"],
                     ps=new_ps,
                     overrides=keep,
                     action="ps_memory",
