@@ -513,7 +513,7 @@ class PlannerSpec(_Strict):
         default=None, ge=0, le=1, description="a move must save this share of the time left"
     )
     min_saved_pause_multiple: float | None = Field(
-        default=None, ge=0, description="... and at least this many of its pauses (2)"
+        default=None, ge=0, description="... and at least this many of its pauses (6)"
     )
     min_gain: float | None = Field(
         default=None, ge=0, le=1, description="objective gain below which no move is made"
