@@ -204,6 +204,12 @@ def ps_memory_from_fit(
         if len(used) == num_ps and used:
             # never below what the busiest PS already uses
             need = max(need, max(used))
+        elif 0 < num_ps < len(used):
+            # fewer PS: the fit counts the dense parameters in its per-PS fixed part, but they
+            # are sharded too. What every PS holds now, spread over fewer, plus the growth
+            # still to come bounds it (issue 10: 2 PS -> 1 sized 4672 MiB, and it OOMed)
+            grow = fit.imbalance * fit.mib_per_row * max(0.0, fit.ids_end - fit.ids_now)
+            need = max(need, (sum(used) + grow) / num_ps)
     return need * margin
 
 

@@ -1115,6 +1115,7 @@ class Planner:
             key=lambda c: c[2] in used,
         )
         for i, (w, p, what) in enumerate([*cands, *fallback]):
+            w, p = self._memory_kept(current, w, p, observations)
             shrunk = not (
                 self.bounds.workers.clamp(w).total + self.bounds.ps.clamp(p).total
             ).fits_in(self.bounds.quota)
@@ -1141,6 +1142,33 @@ class Planner:
                 action=SAMPLE_ACTION + what,
             )
         return None
+
+
+    def _memory_kept(
+        self,
+        current: ResourcePlan,
+        w: RolePlan,
+        p: RolePlan,
+        observations: Sequence[Observation],
+    ) -> tuple[RolePlan, RolePlan]:
+        """A sampling move's memory: never below what the job holds now (a move from the
+        first plan carries that plan's memory; a PS OOM's bump would be lost: seed 206, one
+        job OOMed twice more) nor below what the PS memory fit sizes for its PS count."""
+        wm = max(w.resources.memory_mib, current.workers.resources.memory_mib)
+        pm = p.resources.memory_mib
+        if p.count > 0:
+            if p.count <= current.ps.count:
+                pm = max(pm, current.ps.resources.memory_mib)
+            if observations:
+                fit = self._memory_fits(observations)[0]
+                need = ps_memory_from_fit(
+                    fit, p.count, self._last_summaries[-1:], self.config.ps_memory_margin
+                )
+                pm = max(pm, ceil_mib(need))
+        return (
+            RolePlan(w.count, dataclasses.replace(w.resources, memory_mib=wm)),
+            RolePlan(p.count, dataclasses.replace(p.resources, memory_mib=pm)),
+        )
 
 
 def _plan_cost(w: RolePlan, p: RolePlan, gib_per_core: float) -> float:

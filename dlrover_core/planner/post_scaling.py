@@ -209,10 +209,21 @@ def _pending(
         if n.state is not NodeState.PENDING:
             continue
         d = pending_action(n.state_since_s, now_s, n.allocated, policy)
-        if d.action is PendingAction.RELAUNCH:
-            moves.append(
-                NodeOverride(n.role, n.node_id, d.resources, f"pending: {d.reason}", "relaunch")
-            )
+        if d.action is not PendingAction.RELAUNCH:
+            continue
+        # a smaller request, but not less memory for a node that came near its limit (a PS
+        # relaunched after an OOM with more memory, shrunk back, OOMs again: seed 206)
+        full = any(
+            m.memory_util >= cfg.hot_ps_memory_util
+            for o in observations
+            for m in o.nodes
+            if m.role is n.role and m.node_id == n.node_id
+        )
+        res = d.resources
+        if full:
+            res = NodeResources(res.cpu_millicores, n.allocated.memory_mib)
+        if res != n.allocated:
+            moves.append(NodeOverride(n.role, n.node_id, res, f"pending: {d.reason}", "relaunch"))
     if not moves:
         return None
     reasons = [f"{m.role.value}-{m.node_id} {m.reason}" for m in moves]

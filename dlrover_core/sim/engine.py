@@ -590,7 +590,11 @@ class Engine:
             else:
                 append(
                     NodeObservation(
-                        worker, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                        worker,
+                        n.node_id,
+                        NodeState.PENDING,
+                        n.pending or n.res,  # a node waiting for room: what it asks for
+                        state_since_s=n.down_since,
                     )
                 )
         for i, n in enumerate(run.ps):
@@ -605,7 +609,11 @@ class Engine:
             else:
                 append(
                     NodeObservation(
-                        ps, n.node_id, NodeState.PENDING, n.res, state_since_s=n.down_since
+                        ps,
+                        n.node_id,
+                        NodeState.PENDING,
+                        n.pending or n.res,  # a node waiting for room: what it asks for
+                        state_since_s=n.down_since,
                     )
                 )
         if run.pending_plan is not None:

@@ -270,3 +270,28 @@ def test_a_move_gives_workers_the_cpu_they_use_when_the_model_never_saw_it_vary(
         assert d.model is not None and d.model.fixed_inputs_.get("worker_cpu") == 16.0
         assert said, d.plan.reasons
         assert d.plan.workers.resources.cpu_millicores == 12000
+
+
+def test_a_sampling_move_never_gives_back_memory_the_job_needed() -> None:
+    """A move from the first plan (when moves from here no longer fit) carries that plan's
+    memory: a PS whose OOM bumped it from 8 to 16 GiB went back to 8 GiB and OOMed again
+    (seed 206). The move keeps what the job holds now, and PS are sized by the memory fit."""
+    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    planner = Planner(spec)
+    cur = make_plan((2, 4000, 6144), (1, 4000, 16384))
+    base = make_plan((1, 4000, 4096), (1, 4000, 8192))
+    obs = [
+        make_obs(
+            600.0, ps_util=[0.5], ps_cpu=4000, ps_mem=16384, ps_mem_util=[0.9],
+            samples_done=10**6, distinct_ids=10**6,
+        )
+    ]  # fmt: skip
+    w, p = planner._memory_kept(cur, base.workers, base.ps, obs)
+    assert w.resources.memory_mib == 6144
+    # the PS uses 90 % of 16 GiB: what it uses × the 1.2 margin
+    assert p.resources.memory_mib >= 0.9 * 16384 * 1.2
+    assert (w.count, p.count, w.resources.cpu_millicores) == (1, 1, 4000)
+    # two PS: sized by the fit (its fixed part per PS), never the first plan's 8 GiB
+    two = make_plan((1, 4000, 4096), (2, 4000, 8192)).ps
+    _, p2 = planner._memory_kept(cur, base.workers, two, obs)
+    assert 14_000 < p2.resources.memory_mib <= p.resources.memory_mib

@@ -485,6 +485,31 @@ def test_pending_node_relaunched_at_half_size(
     assert plan.reasons[0].startswith("worker-1 pending:")
 
 
+@pytest.mark.parametrize(
+    ("mem_util", "relaunch_with"), [(0.95, (8000, 32768)), (0.5, (8000, 16384))]
+)
+def test_pending_node_that_filled_its_memory_keeps_it(
+    mem_util: float, relaunch_with: tuple[int, int]
+) -> None:
+    """A PS that came near its memory limit (e.g. relaunched after an OOM with more memory,
+    and waiting for room) is offered less CPU, never less memory: it would OOM again."""
+    current = make_plan((2, 2000, 4096), (2, 2000, 4096), created_at_s=T0)
+    ran = node(Role.PS, 1, cpu=16000, mem=24576, cpu_util=0.5, mem_util=mem_util)
+    stuck = node(
+        Role.PS, 1, cpu=16000, mem=32768, cpu_util=0.0, mem_util=0.0,
+        state=NodeState.PENDING, since_s=0.0,
+    )  # fmt: skip
+    obs = [
+        make_obs(50.0, ps_util=[0.5], worker_speeds=[100], extra=[ran]),
+        make_obs(999.0, ps_util=[0.5], worker_speeds=[100], extra=[stuck]),
+    ]
+    plan = run(current, obs, now_s=1000.0)
+    assert plan is not None
+    assert [(o.role, o.node_id, o.resources) for o in plan.overrides] == [
+        (Role.PS, 1, NodeResources(*relaunch_with))
+    ]
+
+
 def test_pending_comes_before_everything_else() -> None:
     stuck = node(Role.PS, 1, cpu=16000, mem=32768, state=NodeState.PENDING, since_s=0.0)
     obs = [
@@ -535,3 +560,30 @@ def test_post_scaling_stays_inside_the_quota(
     ]
     # run() asserts the quota, the stage and the clock for any plan it gets
     run(current, obs, quota={"cpu": quota_cpu, "memory": f"{quota_gib}Gi"})
+
+
+def test_fewer_ps_are_sized_for_everything_the_ps_hold_now() -> None:
+    """Two PS at 3000 MiB each, flat (no growth to come): one PS must hold what both hold,
+    6000 MiB × 1.2 margin, though the fit counts most of that as a per-PS fixed part (the
+    dense parameters, which are sharded too). Two PS keep what the busiest uses. (Without
+    the bound, one PS got 3000 + the rows of the other: 3000 MiB × 1.2.)"""
+    from dlrover_core.planner.memory_sizing import ps_memory_from_fit
+
+    s = make_spec()
+    obs = [
+        make_obs(
+            T0 + 10 * (i + 1),
+            ps_util=[0.5, 0.5],
+            ps_mem_util=[0.75, 0.75],
+            ps_mem=4000,
+            samples_done=10_000_000,  # done: the rows of the end are the rows of now
+            samples_total=10_000_000,
+            distinct_ids=1000,
+        )
+        for i in range(3)
+    ]
+    fit = fit_ps_memory(s, obs)
+    assert ps_memory_from_fit(fit, 2, obs, 1.2) == pytest.approx(3000 * 1.2, rel=1e-3)
+    assert ps_memory_from_fit(fit, 1, obs, 1.2) == pytest.approx(6000 * 1.2, rel=1e-3)
+    # more PS: the fixed part stays per PS (an upper bound, as it should be for a raise)
+    assert ps_memory_from_fit(fit, 4, obs, 1.2) == pytest.approx(3000 * 1.2, rel=1e-3)

@@ -156,3 +156,8 @@ def test_a_ps_oom_whose_new_plan_finds_no_room_never_relaunches_the_ps_as_it_was
     waiting = ps.pending or ps.res
     assert waiting.memory_mib > old.memory_mib, (old, waiting)
     assert ps.pending is None or ps.down_until == float("inf")
+    # the PS waits for room; the policy sees what it asks for (a pending pod's request),
+    # not the memory it OOMed at: the pending rule shrank that one below its limit (seed 206)
+    assert ps.pending is not None
+    seen = [n for n in engine._observe(run, t + 1.0).nodes if n.role is Role.PS]
+    assert seen[0].allocated == ps.pending
