@@ -48,7 +48,8 @@ OURS, PEER, ORACLE, MANUAL = "dlrover-rm", "dlrover-oss", "oracle", "manual"
 BASELINE_KEY = (1000, 0, 7)
 BASELINE = (189.0, 173.0, 5.0, "ad64cb4")
 MULTI_POLICIES = (MANUAL, PEER, ORACLE, OURS)
-TUNED_ON = (0, 1, 2, 3, *range(101, 112), *range(201, 212), *range(301, 312))  # see the module docstring
+# see the module docstring
+TUNED_ON = (0, 1, 2, 3, *range(101, 112), *range(201, 212), *range(301, 312))
 
 
 def criteria(result: dict[str, Any]) -> list[tuple[str, float, str, bool]]:

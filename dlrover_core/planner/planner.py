@@ -1143,7 +1143,6 @@ class Planner:
             )
         return None
 
-
     def _memory_kept(
         self,
         current: ResourcePlan,
