@@ -948,7 +948,7 @@ class Planner:
         sums = self._last_summaries[-1:] if observations else []
 
         def ps_mem(p: int) -> int:
-            need = ps_memory_from_fit(fit, p, sums, cfg.ps_memory_margin)
+            need = self._fitted_ps_memory(fit, p, sums)
             if memory_from is not None and memory_from.ps.count > 0:
                 # the base plan's total over p PS, but never below BASE_PS_MEMORY_FLOOR of
                 # one of its nodes
@@ -1114,8 +1114,9 @@ class Planner:
             scaling.sampling_candidates(base, self.bounds, self.config, ()),
             key=lambda c: c[2] in used,
         )
+        fit = self._memory_fits(observations)[0] if observations else None
         for i, (w, p, what) in enumerate([*cands, *fallback]):
-            w, p = self._memory_kept(current, w, p, observations)
+            w, p = self._memory_kept(current, w, p, fit)
             shrunk = not (
                 self.bounds.workers.clamp(w).total + self.bounds.ps.clamp(p).total
             ).fits_in(self.bounds.quota)
@@ -1143,26 +1144,31 @@ class Planner:
             )
         return None
 
+    def _fitted_ps_memory(
+        self, fit: PSMemoryFit, num_ps: int, sums: Sequence[ObservedMemory]
+    ) -> float:
+        """MiB each of ``num_ps`` PS needs by the memory fit (with margin); ``sums``: the
+        latest observation's summary, or none before the job runs."""
+        return ps_memory_from_fit(fit, num_ps, sums, self.config.ps_memory_margin)
+
     def _memory_kept(
         self,
         current: ResourcePlan,
         w: RolePlan,
         p: RolePlan,
-        observations: Sequence[Observation],
+        fit: PSMemoryFit | None,
     ) -> tuple[RolePlan, RolePlan]:
         """A sampling move's memory: never below what the job holds now (a move from the
         first plan carries that plan's memory; a PS OOM's bump would be lost: seed 206, one
-        job OOMed twice more) nor below what the PS memory fit sizes for its PS count."""
+        job OOMed twice more) nor below what the PS memory fit (of the observations, None
+        before the job runs) sizes for its PS count."""
         wm = max(w.resources.memory_mib, current.workers.resources.memory_mib)
         pm = p.resources.memory_mib
         if p.count > 0:
             if p.count <= current.ps.count:
                 pm = max(pm, current.ps.resources.memory_mib)
-            if observations:
-                fit = self._memory_fits(observations)[0]
-                need = ps_memory_from_fit(
-                    fit, p.count, self._last_summaries[-1:], self.config.ps_memory_margin
-                )
+            if fit is not None:
+                need = self._fitted_ps_memory(fit, p.count, self._last_summaries[-1:])
                 pm = max(pm, ceil_mib(need))
         return (
             RolePlan(w.count, dataclasses.replace(w.resources, memory_mib=wm)),

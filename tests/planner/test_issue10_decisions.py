@@ -286,12 +286,13 @@ def test_a_sampling_move_never_gives_back_memory_the_job_needed() -> None:
             samples_done=10**6, distinct_ids=10**6,
         )
     ]  # fmt: skip
-    w, p = planner._memory_kept(cur, base.workers, base.ps, obs)
+    fit = planner._memory_fits(obs)[0]
+    w, p = planner._memory_kept(cur, base.workers, base.ps, fit)
     assert w.resources.memory_mib == 6144
     # the PS uses 90 % of 16 GiB: what it uses × the 1.2 margin
     assert p.resources.memory_mib >= 0.9 * 16384 * 1.2
     assert (w.count, p.count, w.resources.cpu_millicores) == (1, 1, 4000)
     # two PS: sized by the fit (its fixed part per PS), never the first plan's 8 GiB
     two = make_plan((1, 4000, 4096), (2, 4000, 8192)).ps
-    _, p2 = planner._memory_kept(cur, base.workers, two, obs)
+    _, p2 = planner._memory_kept(cur, base.workers, two, fit)
     assert 14_000 < p2.resources.memory_mib <= p.resources.memory_mib
