@@ -507,7 +507,7 @@ class PlannerSpec(_Strict):
         default=None, ge=0, description="seconds a PS change or migration pauses the job (120)"
     )
     min_remaining_to_sample_s: float | None = Field(
-        default=None, ge=0, description="no sampling move with less time left than this (1200)"
+        default=None, ge=0, description="no sampling move with less time left than this (1800)"
     )
     min_saved_fraction: float | None = Field(
         default=None, ge=0, le=1, description="a move must save this share of the time left"

@@ -30,7 +30,7 @@ def test_every_field_is_a_planner_config_field() -> None:
 
 def test_left_out_fields_keep_the_planner_defaults() -> None:
     assert PlannerConfig.from_spec(make_spec()) == PlannerConfig.from_spec(make_spec(), **{})
-    assert PlannerConfig.from_spec(make_spec()).min_remaining_to_sample_s == 1200.0
+    assert PlannerConfig.from_spec(make_spec()).min_remaining_to_sample_s == 1800.0
 
 
 def test_the_section_reaches_planner_spec_alone() -> None:
