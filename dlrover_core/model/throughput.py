@@ -749,8 +749,9 @@ def _rank(a: FloatArray, tol: float = 1e-9) -> int:
 
 
 def _solve(a: FloatArray, b: FloatArray) -> tuple[FloatArray, int]:
-    """``np.linalg.solve(a, b)`` (LU, LAPACK gesv, called directly: the same result without
-    numpy's per-call overhead) and gesv's ``info`` (> 0: ``a`` is singular)."""
+    """``np.linalg.solve(a, b)`` (LU, LAPACK gesv, called directly, without numpy's per-call
+    overhead; the same to rounding: numpy's and scipy's OpenBLAS kernels can differ in the
+    last bits on some CPUs) and gesv's ``info`` (> 0: ``a`` is singular)."""
     _, _, x, info = lapack.dgesv(a, b)
     return x, int(info)
 
