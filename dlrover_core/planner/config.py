@@ -90,6 +90,10 @@ class PlannerConfig:
     # neither side busy and the model sees no move: measure twice the PS (ours, issue 10)
     stall_util: float = 0.7  # busiest PS and mean worker CPU use both under this (0.6:
     # a 43-worker job on 2 PS at 58 % / 67 % and workers at 51 % never probed; session 8)
+    # ... and the busiest PS over this: a PS using under a fifth of its CPU binds nothing (a
+    # PS held by its parallelism cap still reads 25-35 %), e.g. one worker on 1-2 idle PS;
+    # 0 (probe those too): 3-9 % more operations on seeds 0-3 and 101-105 (issue 10, s. 11)
+    stall_min_ps_util: float = 0.2
     stall_min_left_s: float = 3600.0
     stall_probes: int = 4  # probes a run, each after one that measured this much faster:
     stall_min_gain: float = 0.08

@@ -557,7 +557,8 @@ class Planner:
         why: str,
     ) -> ResourcePlan | None:
         """The model finds nothing worth a move, yet neither side is busy: the busiest PS and
-        the average worker use under ``stall_util`` of their CPU. What bounds the speed then
+        the average worker use under ``stall_util`` of their CPU (and the busiest PS at least
+        ``stall_min_ps_util``: a PS that idles is not what binds). What bounds the speed then
         is what CPU does not show (the network, a hot shard), which only more PS relieve, and
         a model that saw the PS count vary little reads that as "PS do not help". Measure
         twice the PS (again only while that pays, see :meth:`_stall_paid`), while enough
@@ -578,6 +579,8 @@ class Planner:
         w_util = sum(n.cpu_util for n in w_nodes) / len(w_nodes)
         busiest = max(n.cpu_util for n in ps_nodes)
         if busiest >= cfg.stall_util or w_util >= cfg.stall_util:
+            return None
+        if busiest < cfg.stall_min_ps_util:
             return None
         want = RolePlan(2 * current.ps.count, current.ps.resources)
         w2, p2, _ = self.bounds.fit(current.workers, want)

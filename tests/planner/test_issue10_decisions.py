@@ -147,11 +147,12 @@ def _stall_replan(
     ps_util: tuple[float, ...],
     samples_total: int,
     past: tuple[str, ...] = (),
+    **overrides: float,
 ) -> PlanDecision:
     """A trusted model whose best move saves nothing (stubbed: the rule under test is what
     the planner does next), the current configuration measured five times."""
     spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
-    planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
+    planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0, **overrides))
     monkeypatch.setattr(planner, "_model_move", lambda *a, **k: (None, "nothing saves", None))
     cur = make_plan((6, 2000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
     samples = exact_samples(STALL_COEF, GRID_CONFIGS)
@@ -198,6 +199,18 @@ def test_no_stall_probe_when_busy_probed_or_nearly_done(
 ) -> None:
     d = _stall_replan(monkeypatch, ps_util, samples_total, past)
     assert d.plan is None or d.plan.action != STALL_ACTION
+
+
+@pytest.mark.parametrize(("min_ps_util", "probes"), [(0.2, False), (0.1, True)])
+def test_no_stall_probe_when_the_ps_idle(
+    monkeypatch: pytest.MonkeyPatch, min_ps_util: float, probes: bool
+) -> None:
+    """The busiest PS at 15 % of its CPU binds nothing (``stall_min_ps_util`` 0.2): no
+    probe, though neither side is busy; under a lower mark (0.1) the same job probes. (The
+    idle-PS rule is off here: it would shrink such PS first.)"""
+    d = _stall_replan(monkeypatch, (0.15, 0.05), 10**9, (),
+                      stall_min_ps_util=min_ps_util, idle_ps_cpu_util=0.0)  # fmt: skip
+    assert (d.plan is not None and d.plan.action == STALL_ACTION) is probes, d.notes
 
 
 @pytest.mark.parametrize(("after_sps", "again"), [(1.2, True), (1.02, False)])
