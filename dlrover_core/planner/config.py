@@ -17,7 +17,8 @@ class PlannerConfig:
     cold_max_memory_mib: int = 8_192
     # --- stage 1: warm start ----------------------------------------------------------
     major_cluster_fraction: float = 0.5  # keep >= this share of values nearest the median
-    warm_worker_cpu_margin: float = 1.2  # per-worker CPU = peak used × margin
+    # per-worker CPU = what a worker used in the final configuration × margin
+    warm_worker_cpu_margin: float = 1.2
     warm_ps_cpu_factor: float = 1.5  # DLRover: PS CPU total × 1.5
     warm_memory_margin: float = 1.2  # DLRover: memory × 1.2
     warm_max_ps: int = 15

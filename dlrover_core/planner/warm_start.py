@@ -10,7 +10,14 @@ from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
 from dlrover_core.spec import JobSpec
-from dlrover_core.types import HistoryRecord, NodeResources, ResourcePlan, RolePlan, Stage
+from dlrover_core.types import (
+    HistoryRecord,
+    NodeResources,
+    ResourcePlan,
+    RolePlan,
+    Sample,
+    Stage,
+)
 
 
 def major_cluster_mean(values: Sequence[float], fraction: float = 0.5) -> float:
@@ -91,7 +98,7 @@ def warm_start(
     n_p = bounds.ps.count(n_p)  # per-PS CPU and memory below are shares of the final PS count
     levels = cfg.cpu_levels_millicores
 
-    w_used = [r.worker_cpu_used_millicores for r in runs if r.worker_cpu_used_millicores]
+    w_used = [u for u in (_worker_cpu_used(r) for r in runs) if u]
     if w_used:
         w_cpu = round_up_level(agg(w_used) * cfg.warm_worker_cpu_margin, levels)
     else:
@@ -125,8 +132,9 @@ def warm_start(
     reasons = [
         f"warm start from {len(runs)} similar run(s) of {spec.signature_key!r} "
         f"(major-cluster mean of their final configurations)",
-        f"worker CPU = peak used × {cfg.warm_worker_cpu_margin}, PS CPU = total used × "
-        f"{cfg.warm_ps_cpu_factor} / PS count, memory = peak used × {cfg.warm_memory_margin}",
+        f"worker CPU = used in the final configuration × {cfg.warm_worker_cpu_margin}, PS "
+        f"CPU = total used × {cfg.warm_ps_cpu_factor} / PS count, memory = peak used × "
+        f"{cfg.warm_memory_margin}",
         *notes,
     ]
     return ResourcePlan(
@@ -137,6 +145,25 @@ def warm_start(
         predicted_throughput_sps=agg(tput) if tput else None,
         created_at_s=now_s,
     )
+
+
+def _worker_cpu_used(run: HistoryRecord) -> float | None:
+    """Millicores a worker of ``run`` used in its final configuration: the median over its
+    speed samples there (``extra["samples"]``) of the mean worker use; the run's peak per
+    worker when it recorded none. The peak spans every configuration the run held: a 16-CPU
+    cold start uses more than the 4-CPU workers the run ended with, and a warm start sized
+    from it wastes the difference (issue 10, session 11: CPU utilisation +0.2 to +2.0
+    points on seeds 0-3 and 101-105. The same for the PS made the p90 worse on 4 of 5)."""
+    fp = run.final_plan
+    key = (fp.workers.count, fp.ps.count, fp.workers.resources.cpu_cores, fp.ps.resources.cpu_cores)
+    utils = [
+        s.worker_cpu_util
+        for s in run.extra.get("samples", ())
+        if isinstance(s, Sample) and s.config == key and s.worker_cpu_util is not None
+    ]
+    if utils and (used := statistics.median(utils)) > 0:
+        return used * fp.workers.resources.cpu_millicores
+    return run.worker_cpu_used_millicores
 
 
 def initial_plan(

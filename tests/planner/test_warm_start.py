@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -11,8 +12,8 @@ from hypothesis import strategies as st
 
 from dlrover_core.errors import SpecError
 from dlrover_core.planner import Planner, PlannerConfig, major_cluster_mean
-from dlrover_core.planner.warm_start import cold_start, similar_runs
-from dlrover_core.types import HistoryRecord, NodeResources, Stage
+from dlrover_core.planner.warm_start import cold_start, similar_runs, warm_start
+from dlrover_core.types import HistoryRecord, NodeResources, Sample, Stage
 from tests.factories import make_plan, make_spec
 
 DAY = 86400.0
@@ -162,6 +163,29 @@ def test_warm_start_from_three_runs_by_hand() -> None:
     assert plan.predicted_throughput_sps == pytest.approx(1050.0)
     assert plan.total == NodeResources(5 * 4000 + 2 * 6000, 5 * 2560 + 2 * 6144)
     assert "3 similar run(s)" in plan.reasons[0]
+
+
+def test_warm_start_sizes_worker_cpu_from_the_final_configurations_samples() -> None:
+    """The peaks span every configuration a run held (a 16-CPU cold start uses more than
+    the 4-CPU workers it ended with): where a run's samples measured its final
+    configuration, the worker CPU used there counts. Its final 4 × 4 CPU workers at 20 /
+    25 / 30 % -> 1000 m × 1.2 = 1200 -> level 1500 (its peak, 9000 × 1.2 -> 12000, is not
+    used); a run whose samples are all of another configuration keeps its peak: 3000 × 1.2
+    = 3600 -> 4000."""
+    at_final = tuple(Sample(4, 2, 4.0, 4.0, 1000.0, worker_cpu_util=u) for u in (0.2, 0.25, 0.3))
+    elsewhere = (Sample(1, 1, 16.0, 16.0, 300.0, worker_cpu_util=0.6),)
+    measured = dataclasses.replace(
+        record(KEY, (4, 2), (9000, 2000, 2500, 5000)), extra={"samples": elsewhere + at_final}
+    )
+    unmeasured = dataclasses.replace(
+        record(KEY, (4, 2), (3000, 2000, 2500, 5000)), extra={"samples": elsewhere}
+    )
+    spec, cfg = make_spec(quota=WARM_QUOTA), PlannerConfig()
+    # the rule itself (Planner.initial_plan would refine it with a model of these samples)
+    plan = warm_start(spec, [measured], cfg, DAY)
+    assert plan.workers.resources.cpu_millicores == 1500
+    assert "used in the final configuration" in plan.reasons[1]
+    assert warm_start(spec, [unmeasured], cfg, DAY).workers.resources.cpu_millicores == 4000
 
 
 def test_warm_start_without_peaks_uses_the_final_plans() -> None:
