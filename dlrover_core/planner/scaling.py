@@ -397,7 +397,10 @@ def sampling_candidates(
     """Moves from the current configuration that vary one input at a time (so each
     coefficient gets its own evidence), in an order that also heads towards a better
     configuration: CPU per worker towards what workers use, one more PS, more workers, CPU per
-    PS towards what the PS use, then wider moves. Each kind is proposed once per job."""
+    PS towards what the PS use, then wider moves. Each kind is proposed once per job. One
+    exception: workers grown until the PS are busy also drop to the CPU they use when they
+    use well under theirs (speed before identifiability: that move is the first of most
+    cold starts, and the rest of a short job runs on it)."""
     w, p = current.workers, current.ps
     last = observations[-1] if observations else None
     levels = cfg.cpu_levels_millicores
@@ -413,6 +416,9 @@ def sampling_candidates(
         return NodeResources(_nearest_level(m, levels), p.resources.memory_mib)
 
     wc, pc = w.resources.cpu_millicores, p.resources.cpu_millicores
+    # a worker using well under its CPU is limited elsewhere: try it at what it uses
+    underused = 0 < w_used < 0.6 * wc
+    w_target = w_used * 1.3 if underused else wc * 2.0
     if uses_ps and pc > 0 and p_used >= cfg.hot_ps_cpu_util * pc:
         # the PS are the bottleneck: DLRover's PS rule, enough PS for ~70 % busy (≤ ×4)
         more = min(4 * p.count, math.ceil(p.count * p_used / (cfg.idle_target_util * pc)))
@@ -423,9 +429,12 @@ def sampling_candidates(
         grow = math.ceil(w.count * cfg.worker_ps_target_util * pc / p_used)
         grow = min(grow, w.count + cfg.worker_step(w.count))
         if grow > w.count:
-            out.append((RolePlan(grow, w.resources), p, "workers until the PS are busy"))
-    # a worker using well under its CPU is limited elsewhere: try it at what it uses
-    w_target = w_used * 1.3 if 0 < w_used < 0.6 * wc else wc * 2.0
+            # ... each at the CPU it uses when it uses well under what it has: the first
+            # move of a cold start (1 worker of 16 CPU) would otherwise multiply the idle
+            # cores by up to 9 for the rest of a short job (issue 10, session 11: per-core
+            # +0.02..+0.05 of the oracle's on seeds 0-3 and 101-105)
+            res = wcpu(w_target) if underused else w.resources
+            out.append((RolePlan(grow, res), p, "workers until the PS are busy"))
     out.append((RolePlan(w.count, wcpu(w_target)), p, "CPU per worker towards its use"))
     if uses_ps:
         out.append((w, RolePlan(p.count + 1, p.resources), "one more PS"))

@@ -216,6 +216,31 @@ def test_sampling_moves_cpu_towards_what_idle_nodes_use() -> None:
     assert moves["CPU per PS towards its use"] == (2000, 1500)
 
 
+@pytest.mark.parametrize(("worker_util", "cpu"), [(0.1875, 4000), (0.8, 16000)])
+def test_workers_grown_for_the_ps_take_the_cpu_they_use(worker_util: float, cpu: int) -> None:
+    """A cold start: 1 worker and 1 PS of 16 CPU, the PS at 10 %. More workers until the PS
+    would be 85 % busy: ceil(1 × 0.85 / 0.1) = 9 (≤ 1 + 8). The worker uses 3 of its 16 CPU
+    (< 60 %): the 9 get 3000 × 1.3 = 3900 -> nearest level 4000 each, not 16 idle ones; a
+    worker using 80 % keeps its 16."""
+    spec = make_spec(quota={"cpu": 512, "memory": "2048Gi"})
+    current = make_plan((1, 16000, 4096), (1, 16000, 8192))
+    obs = Observation(
+        10.0,
+        (
+            node(Role.PS, 0, cpu=16000, cpu_util=0.1),
+            node(Role.WORKER, 0, cpu=16000, cpu_util=worker_util),
+        ),
+        100.0,
+    )
+    moves = {
+        what: (w.count, w.resources.cpu_millicores, p.count, p.resources.cpu_millicores)
+        for w, p, what in sampling_candidates(
+            current, JobBounds.from_spec(spec), PlannerConfig(), [obs]
+        )
+    }
+    assert moves["workers until the PS are busy"] == (9, cpu, 1, 16000)
+
+
 def test_allreduce_sampling_has_no_ps_moves() -> None:
     spec = make_spec(strategy="allreduce")
     current = make_plan((2, 2000, 4096), (0, 2000, 0))
