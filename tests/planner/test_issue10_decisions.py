@@ -285,6 +285,33 @@ def test_a_move_gives_workers_the_cpu_they_use_when_the_model_never_saw_it_vary(
         assert d.plan.workers.resources.cpu_millicores == 12000
 
 
+@pytest.mark.parametrize("quota_cpu", [36, 64])
+def test_at_a_full_quota_the_ps_count_is_sampled_in_place_of_a_worker(quota_cpu: int) -> None:
+    """Every sample on 1 PS (2, 4, 8 workers; 2 and 4 CPU): the model cannot say
+    what more PS do, and finds no move in its span (stubbed). With the quota full (36 CPU:
+    8 × 4 + 1 × 4), one more PS does not fit beside the 8 workers; the sample is worth one
+    worker: 7 workers and 2 PS. (Skipped for not fitting, the job stayed on one PS for
+    hours, session 11.) With room (64 CPU) the workers stay."""
+    spec = make_spec(quota={"cpu": quota_cpu, "memory": "1024Gi"})
+    planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
+    planner._model_move = lambda *a, **k: (None, "nothing saves", None)  # type: ignore[method-assign]
+    cur = make_plan((8, 4000, 4096), (1, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
+    configs = [(2, 1, 4.0, 4.0), (4, 1, 4.0, 4.0), (8, 1, 2.0, 4.0)]
+    samples = exact_samples(STALL_COEF, configs, reps=3)
+    here = exact_samples(STALL_COEF, [(8, 1, 4.0, 4.0)], reps=5)
+    samples += [dataclasses.replace(s, timestamp_s=600.0 + i) for i, s in enumerate(here)]
+    obs = [
+        make_obs(t, ps_util=(0.8,), ps_cpu=4000, worker_cpu=4000, worker_speeds=[100.0] * 8,
+                 samples_total=10**10)
+        for t in (900.0, 960.0, 1020.0)
+    ]  # fmt: skip
+    d = planner.replan(cur, obs, samples, 1200.0, [cur])
+    assert d.model is not None and "ps" in d.model.fixed_inputs_
+    assert d.plan is not None and d.plan.stage is Stage.SAMPLING, d.notes
+    assert d.plan.ps.count == 2
+    assert d.plan.workers.count == (7 if quota_cpu == 36 else 8)
+
+
 def test_a_sampling_move_never_gives_back_memory_the_job_needed() -> None:
     """A move from the first plan (when moves from here no longer fit) carries that plan's
     memory: a PS whose OOM bumped it from 8 to 16 GiB went back to 8 GiB and OOMed again
