@@ -481,7 +481,9 @@ class Planner:
                                       past_plans, now_s, left_s, note)  # fmt: skip
             if probe is not None:
                 return PlanDecision(probe, (note,), model)
-            if model.full_rank_:
+            # full rank is not enough: the features see workers only through w/p, so a fit
+            # on one worker count can identify every coefficient yet predict no other count
+            if model.full_rank_ and not model.fixed_inputs_:
                 due = self._recheck_s(now_s, now_s - current.created_at_s, left_s, unblocked_s)
                 return PlanDecision(None, (note,), model, next_check_s=due)
         # no model, an untrusted one, or a partial one that finds nothing worth a change in

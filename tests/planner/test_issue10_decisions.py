@@ -312,6 +312,31 @@ def test_at_a_full_quota_the_ps_count_is_sampled_in_place_of_a_worker(quota_cpu:
     assert d.plan.workers.count == (7 if quota_cpu == 36 else 8)
 
 
+def test_a_full_rank_model_that_never_saw_the_worker_count_vary_still_samples_it() -> None:
+    """One worker throughout, PS count and CPUs varied: the five coefficients are all
+    identified (the features see w only through w/p), yet the model cannot predict other
+    worker counts. Finding nothing in its span (stubbed), the planner samples more workers
+    rather than wait for a recheck (a job sat 20 h on one worker that way, session 11)."""
+    spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
+    planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
+    planner._model_move = lambda *a, **k: (None, "nothing saves", None)  # type: ignore[method-assign]
+    cur = make_plan((1, 4000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
+    configs = [(1, 1, 4.0, 4.0), (1, 2, 8.0, 4.0), (1, 4, 4.0, 2.0), (1, 3, 2.0, 4.0)]
+    samples = exact_samples(STALL_COEF, configs, reps=3)
+    here = exact_samples(STALL_COEF, [(1, 2, 4.0, 4.0)], reps=5)
+    samples += [dataclasses.replace(s, timestamp_s=600.0 + i) for i, s in enumerate(here)]
+    obs = [
+        make_obs(t, ps_util=(0.8, 0.8), ps_cpu=4000, worker_cpu=4000, worker_speeds=[100.0],
+                 samples_total=10**10)
+        for t in (900.0, 960.0, 1020.0)
+    ]  # fmt: skip
+    d = planner.replan(cur, obs, samples, 1200.0, [cur])
+    assert d.model is not None and d.model.full_rank_
+    assert set(d.model.fixed_inputs_) == {"workers"}
+    assert d.plan is not None and d.plan.stage is Stage.SAMPLING, d.notes
+    assert d.plan.workers.count > 1
+
+
 def test_a_sampling_move_never_gives_back_memory_the_job_needed() -> None:
     """A move from the first plan (when moves from here no longer fit) carries that plan's
     memory: a PS whose OOM bumped it from 8 to 16 GiB went back to 8 GiB and OOMed again
