@@ -669,6 +669,18 @@ class JobMaster:
             return  # an old incarnation, a retired PS: already replaced
         n.handle = None
         cls = classify_exit(e.exit_code, e.reason, e.signal)
+        if (
+            n.role is Role.WORKER
+            and cls is ExitClass.SUCCEEDED
+            and n.stopping_mono is None
+            and self.stop_reason is None
+            and self.state.shards.counts()["todo"] > 0
+        ):
+            # a worker exits 0 when told there is nothing left or asked to leave; neither
+            # happened and shards wait: it was stopped from outside (its pod deleted or
+            # evicted, a SIGTERM it handled in its grace period), so it is relaunched as a
+            # killed node, not counted finished (the job lost that worker for good)
+            cls = ExitClass.KILLED
         if n.role is Role.WORKER and (cls is ExitClass.SUCCEEDED or n.stopping_mono is not None):
             self.state.mark_node(n.role, n.node_id, NodeState.SUCCEEDED)
             if n.node_id >= self.plan.workers.count:

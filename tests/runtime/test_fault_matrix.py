@@ -169,6 +169,23 @@ def test_a_stopped_ps_is_detected_and_relaunched(tmp_path: Path, run: Path) -> N
     fk.assert_no_orphans(run)
 
 
+def test_a_worker_sigtermed_from_outside_is_relaunched(tmp_path: Path, run: Path) -> None:
+    """A worker ends with 0 on SIGTERM (it hands its shard back and leaves): what a deleted
+    or evicted pod does inside its grace period. Nobody asked it to go and shards still
+    wait, so it is a killed node, relaunched; counted finished, the job had lost it."""
+    p = _train(tmp_path, run)
+    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    pid = fk.wait_for(lambda: fk.running_pid(run, "worker", 0), 60, "worker-0 running")
+    os.killpg(pid, signal.SIGTERM)
+    assert _finish(p) == 0
+    r = fk.report(run)
+    fk.check_exactly_once(r)
+    hit = [f for f in r["faults"] if f["node"] == "worker-0"]
+    assert any(f["exit_class"] == "killed" and f["action"] == "relaunch" for f in hit), r["faults"]
+    assert fk.node(run, "worker", 0)["incarnation"] >= 1
+    fk.assert_no_orphans(run)
+
+
 def test_a_worker_stopped_before_it_registers_is_relaunched(tmp_path: Path, run: Path) -> None:
     d = _drive(tmp_path, run, "stop_new_worker", "pacing.pending_timeout_s=45")
     assert d.wait(timeout=600) == 0, (tmp_path / "driver.log").read_text()[-2000:]
