@@ -267,13 +267,15 @@ def test_disk_full_mid_run_fails_with_a_report_and_no_stray_files(tmp_path: Path
     try:
         p = _train(tmp_path, run)
         fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
-        with open(mnt / "filler", "wb") as f:  # fill what is left
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-            except OSError:
-                pass
+        # fill what is left, to the last byte: 1 MiB writes alone leave up to 1 MiB free,
+        # room for the job's small writes (it then finished with 0, once in 12 runs)
+        with open(mnt / "filler", "wb", buffering=0) as f:
+            for chunk in (1 << 20, 1 << 16, 1 << 12, 1):
+                try:
+                    while True:
+                        f.write(b"\0" * chunk)
+                except OSError:
+                    pass
         rc = _finish(p, 120)
         assert rc != 0
         r = fk.report(run)
