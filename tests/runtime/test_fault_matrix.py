@@ -261,12 +261,18 @@ def _mount_tmpfs(path: Path, size_mib: int) -> bool:
 
 def test_disk_full_mid_run_fails_with_a_report_and_no_stray_files(tmp_path: Path) -> None:
     mnt = tmp_path / "small-disk"
-    if not _mount_tmpfs(mnt, 96):
+    # room for what the run writes until the filler runs, however slow the machine (a slow
+    # run writes more checkpoints before 20 %); the filler takes the rest
+    if not _mount_tmpfs(mnt, 256):
         pytest.skip("cannot mount a tmpfs here (needs root): the disk-full case is not run")
     run = mnt / "run"
     try:
         p = _train(tmp_path, run)
-        fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+        fk.wait_for(
+            lambda: fk.samples_done(run) > ROWS * 0.2 or p.poll() is not None, 300, "20 % trained"
+        )
+        assert p.poll() is None, f"the job ended before the disk was filled: {fk.report(run)}"
+
         # fill what is left, to the last byte: 1 MiB writes alone leave up to 1 MiB free,
         # room for the job's small writes (it then finished with 0, once in 12 runs)
         with open(mnt / "filler", "wb", buffering=0) as f:
