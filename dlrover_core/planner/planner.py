@@ -1130,7 +1130,7 @@ class Planner:
             # a move along an input the model never saw vary is worth a few workers when the
             # quota is full (one more PS then takes their place): else a job at its quota on
             # one PS never learns what more PS do (a 1-PS job ran 288 min, session 11)
-            new_input = bool(fixed) and _varies(current, w2, p2, fixed or {})
+            new_input = _varies(current, w2, p2, fixed or {})
             if (i < len(cands) and what in used) or key in seen or (shrunk and not new_input):
                 continue
             if len(seen) >= self.config.max_sampling_configs and not new_input:

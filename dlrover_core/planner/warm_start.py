@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
+from dlrover_core.planner.scaling import plan_key, samples_at
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     HistoryRecord,
@@ -155,11 +156,11 @@ def _worker_cpu_used(run: HistoryRecord) -> float | None:
     from it wastes the difference (issue 10, session 11: CPU utilisation +0.2 to +2.0
     points on seeds 0-3 and 101-105. The same for the PS made the p90 worse on 4 of 5)."""
     fp = run.final_plan
-    key = (fp.workers.count, fp.ps.count, fp.workers.resources.cpu_cores, fp.ps.resources.cpu_cores)
+    samples = [s for s in run.extra.get("samples", ()) if isinstance(s, Sample)]
     utils = [
         s.worker_cpu_util
-        for s in run.extra.get("samples", ())
-        if isinstance(s, Sample) and s.config == key and s.worker_cpu_util is not None
+        for s in samples_at(samples, plan_key(fp))
+        if s.worker_cpu_util is not None
     ]
     if utils and (used := statistics.median(utils)) > 0:
         return used * fp.workers.resources.cpu_millicores
