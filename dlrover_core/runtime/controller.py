@@ -1244,6 +1244,11 @@ class JobMaster:
             + ("" if auc is None else f", AUC {auc:.4f}"),
             warning=state != "succeeded",
         )
+        if st is not None and self.plan is not None:
+            # the last point (the final samples done): the job may have trained its end
+            # between two observations, and evaluating takes seconds with none
+            with contextlib.suppress(Exception):
+                self._timeline(st.observation(self.clock(), self._allocated()))
         try:
             self.backend.shutdown()
         except Exception as e:

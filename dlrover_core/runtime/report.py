@@ -30,6 +30,17 @@ def read_timeline(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _span_rate(timeline: list[dict[str, Any]]) -> float:
+    """Samples/s over the timeline's span: for a job too short for any worker to report a
+    measured rate (its samples came between two observations), not a 0/s that never was."""
+    rows = [r for r in timeline if "samples_done" in r and "t" in r]
+    if len(rows) < 2 or rows[-1]["t"] <= rows[0]["t"]:
+        return 0.0
+    return max(
+        0.0, (rows[-1]["samples_done"] - rows[0]["samples_done"]) / (rows[-1]["t"] - rows[0]["t"])
+    )
+
+
 def write_report(
     run_dir: Path,
     state: MasterState,
@@ -66,7 +77,7 @@ def write_report(
         "shards_lost": q.lost,
         "shards_replayed": q.replayed,
         "samples_retrained": q.samples_retrained,
-        "throughput_sps": sum(tputs) / len(tputs) if tputs else 0.0,
+        "throughput_sps": sum(tputs) / len(tputs) if tputs else _span_rate(timeline),
         "wall_s": wall_s,
         "auc": auc,
         "cpu_util": sum(r["used_cpu_m"] for r in timeline) / alloc_cpu if alloc_cpu else None,

@@ -40,6 +40,11 @@ def test_small_job_trains_end_to_end(tmp_path: Path) -> None:
     assert report["auc"] is not None and report["auc"] > 0.6
     assert wall < 120, f"small.yaml took {wall:.0f} s"
     assert (tmp_path / "run" / "report.png").stat().st_size > 1000
+    # the timeline ends where the job ended (it may train its last rows between two
+    # observations), and the rate is never a 0/s for a job that trained
+    last = json.loads((tmp_path / "run" / "timeline.jsonl").read_text().splitlines()[-1])
+    assert last["samples_done"] == report["samples_total"], last
+    assert report["throughput_sps"] > 0, report["throughput_sps"]
     status = api.status(tmp_path / "run")
     assert status["job_state"] == "succeeded"
     assert status["shards"]["done"] == report["shards_total"]

@@ -11,6 +11,7 @@ from typing import Any
 import matplotlib
 
 from dlrover_core.runtime.render import plan_markdown, report_html, report_markdown
+from dlrover_core.runtime.report import _span_rate
 
 matplotlib.use("Agg")
 
@@ -210,3 +211,14 @@ def test_report_png_is_drawn_with_plans_and_faults_marked(tmp_path: Path) -> Non
     plot_report(tmp_path, tl, make_report())
     png = (tmp_path / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+def test_a_job_too_short_for_a_measured_rate_reports_its_rate_over_the_timeline() -> None:
+    rows = [
+        {"t": 100.0, "samples_done": 0, "throughput_sps": 0},
+        {"t": 101.0, "samples_done": 7680, "throughput_sps": 0},
+        {"t": 104.0, "samples_done": 60000, "throughput_sps": 0},
+    ]
+    assert _span_rate(rows) == 15000.0
+    assert _span_rate(rows[:1]) == 0.0 and _span_rate([]) == 0.0
+    assert _span_rate([rows[0], {**rows[0]}]) == 0.0  # no time passed: no rate, not a NaN
