@@ -54,15 +54,65 @@ def start_train(
     )
 
 
-def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:
+def wait_for(
+    cond: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    every_s: float = 0.1,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+    run_dir: Path | None = None,
+) -> Any:
+    """Poll ``cond`` until it is truthy. With ``proc``: fail at once when that process ends
+    first (the condition can no longer come). With ``log`` (and ``run_dir``): a failure quotes
+    the log's tail and the run's node states, so that a CI log says why, not only when."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = cond()
         if got:
             return got
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(
+                f"the process ended (exit {proc.returncode}) before {what}{_context(log, run_dir)}"
+            )
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+            raise AssertionError(
+                f"timed out after {timeout_s:g} s waiting for {what}{_context(log, run_dir)}"
+            )
         time.sleep(every_s)
+
+
+def _context(log: Path | None, run_dir: Path | None, chars: int = 3000) -> str:
+    out = ""
+    if run_dir is not None:
+        nodes = [
+            f"{n['role']}-{n['node_id']}:{n['state']}#{n['incarnation']}"
+            for n in state(run_dir).get("nodes", [])
+        ]
+        out += f"\nnodes: {' '.join(nodes) or '(no master.json)'}"
+        out += f"; samples done: {samples_done(run_dir):,}"
+    if log is not None:
+        try:
+            tail = log.read_text(errors="replace")[-chars:]
+        except OSError as e:
+            tail = f"(unreadable: {e})"
+        out += f"\n--- {log.name}, its tail:\n{tail}"
+    return out
+
+
+def wait_trained(
+    p: subprocess.Popen[bytes], tmp: Path, run_dir: Path, samples: float, timeout_s: float = 300
+) -> None:
+    """Wait until the job of ``p`` (started by :func:`start_train` in ``tmp``) has trained more
+    than ``samples``; fail at once, quoting its log, if it ends first."""
+    wait_for(
+        lambda: samples_done(run_dir) > samples,
+        timeout_s,
+        f"{samples:,.0f} samples trained",
+        proc=p,
+        log=tmp / "master.log",
+        run_dir=run_dir,
+    )
 
 
 def state(run_dir: Path) -> dict[str, Any]:

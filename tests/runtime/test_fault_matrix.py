@@ -24,6 +24,9 @@ from tests.runtime import faultkit as fk
 
 pytestmark = pytest.mark.slow
 ROWS = 60_000
+# trains for 15-30 s here (60,000 rows train in 1-2 s): long enough that a fault injected
+# at 20 % lands while the job runs, on a fast machine too (the timeline ticks every 0.6 s)
+LONG_ROWS = 600_000
 DRIVER = Path(__file__).with_name("drive_master.py")
 
 
@@ -34,8 +37,8 @@ def run(tmp_path: Path):  # type: ignore[no-untyped-def]
     fk.kill_all(rd)  # whatever a failed assertion left behind
 
 
-def _train(tmp: Path, rd: Path, *sets: str) -> subprocess.Popen[bytes]:
-    return fk.start_train(tmp, rd, f"data.rows={ROWS}", *sets)
+def _train(tmp: Path, rd: Path, *sets: str, rows: int = ROWS) -> subprocess.Popen[bytes]:
+    return fk.start_train(tmp, rd, f"data.rows={rows}", *sets)
 
 
 def _finish(p: subprocess.Popen[bytes], timeout_s: float = 600) -> int:
@@ -50,8 +53,8 @@ def _drive(tmp: Path, rd: Path, scenario: str, *sets: str) -> subprocess.Popen[b
     return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=fk.env(tmp))
 
 
-def _resume(tmp: Path, rd: Path, *sets: str) -> int:
-    p = _train(tmp, rd, *sets)
+def _resume(tmp: Path, rd: Path, *sets: str, rows: int = ROWS) -> int:
+    p = _train(tmp, rd, *sets, rows=rows)
     return _finish(p)
 
 
@@ -76,14 +79,14 @@ def test_corrupt_only_checkpoint_then_kill_ps_fails_at_once_with_a_report(
 
 
 def test_kill_a_ps_then_the_master_then_resume(tmp_path: Path, run: Path) -> None:
-    p = _train(tmp_path, run)
+    p = _train(tmp_path, run, rows=LONG_ROWS)
     pid = fk.wait_for(lambda: fk.running_pid(run, "ps", 0), 300, "ps-0 to register")
-    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    fk.wait_trained(p, tmp_path, run, LONG_ROWS * 0.2)
     os.kill(pid, signal.SIGKILL)
     fk.wait_for(lambda: fk.running_pid(run, "ps", 0, min_incarnation=1), 60, "ps-0 relaunched")
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
-    assert _resume(tmp_path, run) == 0
+    assert _resume(tmp_path, run, rows=LONG_ROWS) == 0
     r = fk.report(run)
     fk.check_exactly_once(r)
     assert r["master_starts"] == 2
@@ -158,9 +161,9 @@ def test_a_second_master_on_a_live_run_is_refused(tmp_path: Path, run: Path) -> 
 
 
 def test_a_stopped_ps_is_detected_and_relaunched(tmp_path: Path, run: Path) -> None:
-    p = _train(tmp_path, run)
+    p = _train(tmp_path, run, rows=LONG_ROWS)
     pid = fk.wait_for(lambda: fk.running_pid(run, "ps", 0), 300, "ps-0 to register")
-    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    fk.wait_trained(p, tmp_path, run, LONG_ROWS * 0.2)
     os.killpg(pid, signal.SIGSTOP)  # hangs (no exit) for longer than dead_after_s
     assert _finish(p) == 0
     r = fk.report(run)
@@ -173,8 +176,8 @@ def test_a_worker_sigtermed_from_outside_is_relaunched(tmp_path: Path, run: Path
     """A worker ends with 0 on SIGTERM (it hands its shard back and leaves): what a deleted
     or evicted pod does inside its grace period. Nobody asked it to go and shards still
     wait, so it is a killed node, relaunched; counted finished, the job had lost it."""
-    p = _train(tmp_path, run)
-    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    p = _train(tmp_path, run, rows=LONG_ROWS)
+    fk.wait_trained(p, tmp_path, run, LONG_ROWS * 0.2)
     pid = fk.wait_for(lambda: fk.running_pid(run, "worker", 0), 60, "worker-0 running")
     os.killpg(pid, signal.SIGTERM)
     assert _finish(p) == 0
@@ -238,14 +241,14 @@ def test_an_exception_in_the_loop_stops_every_node_and_reports(tmp_path: Path, r
 
 
 def test_sigterm_stops_cleanly_and_the_run_resumes(tmp_path: Path, run: Path) -> None:
-    p = _train(tmp_path, run)
-    fk.wait_for(lambda: fk.samples_done(run) > ROWS * 0.2, 300, "20 % trained")
+    p = _train(tmp_path, run, rows=LONG_ROWS)
+    fk.wait_trained(p, tmp_path, run, LONG_ROWS * 0.2)
     p.send_signal(signal.SIGTERM)
     assert _finish(p, 60) != 0
     r = fk.report(run)
     assert r["state"] == "stopped" and "SIGTERM" in r["reason"]
     fk.assert_no_orphans(run)
-    assert _resume(tmp_path, run) == 0
+    assert _resume(tmp_path, run, rows=LONG_ROWS) == 0
     fk.check_exactly_once(fk.report(run))
     fk.assert_no_orphans(run)
 
