@@ -270,11 +270,8 @@ def test_disk_full_mid_run_fails_with_a_report_and_no_stray_files(tmp_path: Path
         pytest.skip("cannot mount a tmpfs here (needs root): the disk-full case is not run")
     run = mnt / "run"
     try:
-        p = _train(tmp_path, run)
-        fk.wait_for(
-            lambda: fk.samples_done(run) > ROWS * 0.2 or p.poll() is not None, 300, "20 % trained"
-        )
-        assert p.poll() is None, f"the job ended before the disk was filled: {fk.report(run)}"
+        p = _train(tmp_path, run, rows=LONG_ROWS)
+        fk.wait_trained(p, tmp_path, run, LONG_ROWS * 0.2)  # fails if the job ended first
 
         # fill what is left, to the last byte: 1 MiB writes alone leave up to 1 MiB free,
         # room for the job's small writes (it then finished with 0, once in 12 runs)
