@@ -19,6 +19,7 @@ from dlrover_core.runtime.backends.local import LocalBackend
 from dlrover_core.runtime.controller import JobMaster
 from dlrover_core.spec import load_spec
 from dlrover_core.types import NodeOverride, NodeResources, ResourcePlan, Role, RolePlan, Stage
+from tests.runtime import faultkit as fk
 
 pytestmark = pytest.mark.slow
 SMALL = str(Path(__file__).resolve().parents[2] / "pipelines" / "specs" / "small.yaml")
@@ -115,16 +116,15 @@ def test_killed_master_resumes_without_losing_or_repeating_a_shard(tmp_path: Pat
     cmd = [sys.executable, "-m", "dlrover_core.cli", "train", "--spec", SMALL,
            "--run-dir", str(run), "--set", "data.rows=600000"]  # fmt: skip
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    # kill it about a sixth of the way through (the timeline has a line a second; at 60,000
-    # rows a fast machine trained them all within two lines, and the kill came too late)
-    while time.monotonic() < deadline:
-        tl = run / "timeline.jsonl"
-        lines = tl.read_text().splitlines() if tl.exists() else []
-        if lines and json.loads(lines[-1])["samples_done"] > 100_000:
-            break
-        time.sleep(0.2)
-    os.kill(p.pid, signal.SIGKILL)
+    # kill it about a sixth of the way through (at 60,000 rows a fast machine trained them
+    # all between two timeline lines, and the kill came too late); fail at once, with the
+    # node states, if the job ends first or never gets there
+    try:
+        fk.wait_for(lambda: fk.samples_done(run) > 100_000, 120, "100,000 samples trained",
+                    every_s=0.2, proc=p, run_dir=run)  # fmt: skip
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
     p.wait()
     assert not (run / "report.json").exists(), "the job finished before the kill: more rows"
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)

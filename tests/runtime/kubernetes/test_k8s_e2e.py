@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 from dlrover_core.runtime.controller import JobMaster
 from dlrover_core.spec import load_spec
 from dlrover_core.types import NodeResources, ResourcePlan, Role, RolePlan, Stage
+from tests.runtime import faultkit as fk
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -172,16 +173,14 @@ def test_master_restarted_mid_run_resumes_and_adopts_its_pods(
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
         first = master("master-0")
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            tl = run_dir / "timeline.jsonl"
-            lines = tl.read_text().splitlines() if tl.exists() else []
-            if lines and json.loads(lines[-1])["samples_done"] > rows // 4:
-                break
-            assert first.poll() is None, (tmp_path / "master-0.log").read_text()[-3000:]
-            time.sleep(0.5)
-        else:
-            raise AssertionError("the job never got a quarter of the way")
+        try:
+            fk.wait_for(lambda: fk.samples_done(run_dir) > rows // 4, 400,
+                        "a quarter of the rows trained", every_s=0.5, proc=first,
+                        log=tmp_path / "master-0.log", run_dir=run_dir)  # fmt: skip
+        except AssertionError:
+            if first.poll() is None:
+                first.kill()
+            raise
         before = {p["metadata"]["name"] for p in apiserver.api.objects_of("pods", NAMESPACE)}
         killed_at = datetime.datetime.now()  # the PS logs local wall time
         os.kill(first.pid, signal.SIGKILL)
