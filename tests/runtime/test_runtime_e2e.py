@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,19 +24,11 @@ pytestmark = pytest.mark.slow
 SMALL = str(Path(__file__).resolve().parents[2] / "pipelines" / "specs" / "small.yaml")
 
 
-def check_exactly_once(report: dict[str, Any]) -> None:
-    assert report["state"] == "succeeded", report.get("failure")
-    assert report["shards_done"] == report["shards_total"]
-    assert report["shards_completed_twice"] == 0
-    assert report["shards_lost"] == 0
-    assert report["samples_done"] == report["samples_total"]
-
-
 def test_small_job_trains_end_to_end(tmp_path: Path) -> None:
     t0 = time.monotonic()
     report = api.train(SMALL, run_dir=tmp_path / "run", progress=False)
     wall = time.monotonic() - t0
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert report["auc"] is not None and report["auc"] > 0.6
     assert wall < 120, f"small.yaml took {wall:.0f} s"
     assert (tmp_path / "run" / "report.png").stat().st_size > 1000
@@ -88,7 +79,7 @@ def test_faults_worker_kill_ps_kill_and_worker_oom(tmp_path: Path) -> None:
     fault-free runs differ by ~0.006 AUC here; faults measured ~0.001 from their mean)."""
     spec = load_spec(SMALL, ["data.rows=250000"])
     clean = JobMaster(spec, tmp_path / "clean", LocalBackend(), plan=_plan(2), tick_s=0.2).run()
-    check_exactly_once(clean)
+    fk.check_exactly_once(clean)
     killer = Killer([(0.2, Role.WORKER, 0), (0.45, Role.PS, 0)])
     # worker 1 starts with too little memory: it ends as an OOM and is relaunched bigger
     plan = _plan(2).replace(
@@ -96,7 +87,7 @@ def test_faults_worker_kill_ps_kill_and_worker_oom(tmp_path: Path) -> None:
     )
     m = JobMaster(spec, tmp_path / "run", LocalBackend(), plan=plan, on_tick=killer, tick_s=0.2)
     report = m.run()
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     classes = [(f["node"], f["exit_class"], f["action"]) for f in report["faults"]]
     assert ("worker-0", "killed", "relaunch") in classes
     assert ("ps-0", "killed", "relaunch") in classes
@@ -130,7 +121,7 @@ def test_killed_master_resumes_without_losing_or_repeating_a_shard(tmp_path: Pat
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((run / "report.json").read_text())
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert report["master_starts"] == 2
 
 
@@ -168,7 +159,7 @@ def test_planner_adds_a_ps_and_a_worker_while_the_job_runs(tmp_path: Path) -> No
         straggler_ratio=0.01,
     )
     report = JobMaster(spec, tmp_path / "run", LocalBackend(), planner=Planner(spec, cfg)).run()
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     ps_counts = [p["ps"]["count"] for p in report["plans"]]
     worker_counts = [p["workers"]["count"] for p in report["plans"]]
     assert max(ps_counts) >= 2, report["plans"]

@@ -33,14 +33,6 @@ SMALL = str(ROOT / "pipelines" / "specs" / "small.yaml")
 SLACK = ["pacing.pending_timeout_s=240", "pacing.dead_after_s=60"]
 
 
-def check_exactly_once(report: dict) -> None:
-    assert report["state"] == "succeeded", report.get("failure")
-    assert report["shards_done"] == report["shards_total"]
-    assert report["shards_completed_twice"] == 0
-    assert report["shards_lost"] == 0
-    assert report["samples_done"] == report["samples_total"]
-
-
 def _plan(workers: int = 2, ps: int = 1) -> ResourcePlan:
     return ResourcePlan(
         RolePlan(workers, NodeResources(1000, 1536)),
@@ -115,7 +107,7 @@ def test_small_trains_through_kubernetes_worker_and_ps_pods_deleted(
     apiserver: ApiServerThread, tmp_path: Path
 ) -> None:
     report, faults = _run_with_faults(apiserver, tmp_path, "delete")
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert faults.done == ["worker", "ps-delete"]
     classes = [(f["node"], f["exit_class"], f["action"]) for f in report["faults"]]
     assert ("worker-0", "killed", "relaunch") in classes, classes
@@ -129,7 +121,7 @@ def test_small_trains_through_kubernetes_ps_oom_killed(
     apiserver: ApiServerThread, tmp_path: Path
 ) -> None:
     report, faults = _run_with_faults(apiserver, tmp_path, "oom")
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert faults.done == ["worker", "ps-oom"]
     classes = [(f["node"], f["exit_class"], f["action"]) for f in report["faults"]]
     assert ("ps-0", "oom", "relaunch") in classes, classes
@@ -177,20 +169,18 @@ def test_master_restarted_mid_run_resumes_and_adopts_its_pods(
             fk.wait_for(lambda: fk.samples_done(run_dir) > rows // 4, 400,
                         "a quarter of the rows trained", every_s=0.5, proc=first,
                         log=tmp_path / "master-0.log", run_dir=run_dir)  # fmt: skip
-        except AssertionError:
+            before = {p["metadata"]["name"] for p in apiserver.api.objects_of("pods", NAMESPACE)}
+            killed_at = datetime.datetime.now()  # the PS logs local wall time
+        finally:
             if first.poll() is None:
-                first.kill()
-            raise
-        before = {p["metadata"]["name"] for p in apiserver.api.objects_of("pods", NAMESPACE)}
-        killed_at = datetime.datetime.now()  # the PS logs local wall time
-        os.kill(first.pid, signal.SIGKILL)
+                os.kill(first.pid, signal.SIGKILL)
         first.wait()
         time.sleep(7)  # the Job controller starts a new master pod; the old lease expires
         second = master("master-1")
         assert second.wait(timeout=600) == 0, (tmp_path / "master-1.log").read_text()[-3000:]
         assert kubelet.errors == []
     report = json.loads((run_dir / "report.json").read_text())
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert report["master_starts"] == 2
     # adopted, not relaunched: the PS process that ran before the kill was acted on by the
     # second master (it may later migrate the PS set: that is the planner's right) and no PS
@@ -249,7 +239,7 @@ def test_small_allreduce_trains_through_kubernetes_rank_pod_deleted(
         m = make_master(spec, apiserver.url, NAMESPACE, state_dir, plan=plan, on_tick=on_tick)
         report = m.run()
         assert kubelet.errors == []
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert len(deleted) == 1
     assert any(f.get("action") == "relaunch the group" for f in report["faults"]), report["faults"]
     assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
@@ -319,7 +309,7 @@ def test_hot_ps_migration_and_an_in_place_worker_resize_through_kubernetes(
         m = make_master(spec, apiserver.url, NAMESPACE, state_dir, plan=_plan(), on_tick=on_tick)
         report = m.run()
         assert kubelet.errors == []
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert done == ["migrate", "resize", "seen", "ps-resize", "ps-seen"], done
     assert states == ["running"]  # a worker resized in place stays registered and watched
     cpu = {"1000m", "1", "2000m", "2"}
@@ -375,7 +365,7 @@ def test_a_stopped_ps_pod_is_found_by_its_heartbeats_and_relaunched(
         m = make_master(spec, apiserver.url, NAMESPACE, state_dir, plan=_plan(), on_tick=on_tick)
         report = m.run()
         assert kubelet.errors == []
-    check_exactly_once(report)
+    fk.check_exactly_once(report)
     assert stopped
     faults = [(f["node"], f["action"], f.get("why", "")) for f in report["faults"]]
     assert any(n == "ps-0" and a == "relaunch" and "heartbeat" in w for n, a, w in faults), faults
