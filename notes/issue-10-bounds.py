@@ -12,7 +12,8 @@ the median over completed jobs of samples per allocated core-second / the oracle
 2. Upper bounds: dlrover-rm rerun with the plans of chosen stages replaced, as the engine
    applies them, by the oracle's configuration (all of it, or only its PS or its workers).
    What the per-core figure would be if those stages chose perfectly and nothing else
-   changed. This patches ``Engine._apply`` in this process only (a diagnostic, not a policy).
+   changed (a first plan that does not fit the cluster at once starts as the job's own).
+   This patches ``Engine._apply`` in this process only (a diagnostic, not a policy).
 3. The warm starts of re-runs: how many start on one PS while the oracle uses more, and how
    many first runs ever varied the PS count (by first-run duration).
 """
@@ -124,7 +125,10 @@ def bounds(jobs: list[TraceJob], seed: int) -> None:
 
         def hook(self: E.Engine, r: Any, plan: ResourcePlan, t: float, st=stages, pt=part) -> Any:
             if plan.stage.value in st:
-                plan = _oracle_plan(r.job, plan, pt)
+                ok = _ORIGINAL_APPLY(self, r, _oracle_plan(r.job, plan, pt), t)
+                if ok or r.plan is not None:
+                    return ok
+                r.pending_plan = None  # the first plan must start: the job's own, then
             return _ORIGINAL_APPLY(self, r, plan, t)
 
         m = _with_apply(hook if stages else None, lambda: run_policy(jobs, "dlrover-rm", seed))
