@@ -16,6 +16,13 @@ the median over completed jobs of samples per allocated core-second / the oracle
    This patches ``Engine._apply`` in this process only (a diagnostic, not a policy).
 3. The warm starts of re-runs: how many start on one PS while the oracle uses more, and how
    many first runs ever varied the PS count (by first-run duration).
+4. ``--model-forms N``: offline, no planner. For the first 40 first runs, N configurations
+   drawn at random from the oracle's grid within the quota, measured on the truth with 5 %
+   noise, fitted by the planner's model choice (``default_model_factory``) and by the same
+   forms with a saturating CPU per node, λ -> κ·(1 - exp(-λ/κ)) for workers and PS, κ
+   chosen per role from a small grid by the training error. The objective's best grid point
+   of each fit, judged on the truth. Shows what a form that saturates with CPU per node buys
+   when the samples vary every input (the planner's own samples mostly do not).
 """
 
 from __future__ import annotations
@@ -31,12 +38,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dlrover_core.errors import DLRoverError
+from dlrover_core.model.throughput import PSOverlapThroughputModel
 from dlrover_core.planner.config import PlannerConfig
+from dlrover_core.planner.planner import default_model_factory
 from dlrover_core.sim import engine as E
 from dlrover_core.sim import truth as T
 from dlrover_core.sim.runner import _oracle_of_job, run_policy
 from dlrover_core.sim.trace import TraceJob, generate_trace
-from dlrover_core.types import NodeResources, ResourcePlan, RolePlan
+from dlrover_core.types import NodeResources, ResourcePlan, RolePlan, Sample
 
 _ORIGINAL_APPLY = E.Engine._apply
 
@@ -174,13 +184,94 @@ def warm_starts(jobs: list[TraceJob], seed: int) -> None:
             )
 
 
+def _saturated(lam: Any, k: float) -> Any:
+    return lam if not np.isfinite(k) else k * (1.0 - np.exp(-np.asarray(lam, dtype=float) / k))
+
+
+class _SaturatingCPU(PSOverlapThroughputModel):
+    """The overlap form on κ·(1 - exp(-λ/κ)) in place of each role's CPU (κ: class fields)."""
+
+    kw = float("inf")
+    kp = float("inf")
+
+    def _features(self, w: Any, p: Any, lw: Any, lp: Any, b: Any) -> Any:
+        return super()._features(w, p, _saturated(lw, self.kw), _saturated(lp, self.kp), b)
+
+    def _features_scalar(self, w: Any, p: Any, lw: Any, lp: Any, b: Any) -> Any:
+        lw, lp = float(_saturated(lw, self.kw)), float(_saturated(lp, self.kp))
+        return super()._features_scalar(w, p, lw, lp, b)
+
+    def _feature_terms(self, w: Any, p: Any, lw: Any, lp: Any, b: Any) -> Any:
+        return super()._feature_terms(w, p, _saturated(lw, self.kw), _saturated(lp, self.kp), b)
+
+
+def _fit_saturating(samples: list[Sample]) -> Any:
+    ks = [2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, float("inf")]
+    best = None
+    for kw in ks:
+        for kp in ks:
+            m = _SaturatingCPU(batch_size=512)
+            m.kw, m.kp = kw, kp
+            try:
+                m.fit(samples)
+            except DLRoverError:  # a κ pair the samples cannot fit is skipped
+                continue
+            if best is None or m.relative_error_ < best.relative_error_:
+                best = m
+    return best
+
+
+def model_forms(jobs: list[TraceJob], n: int) -> None:
+    cfg = PlannerConfig()
+    rng = np.random.default_rng(1)
+    w_ax, p_ax, l_ax = T._ORACLE_W, T._ORACLE_P, T._ORACLE_CPU
+    out: dict[str, list[tuple[float, float]]] = {"planner's forms": [], "saturating CPU": []}
+    for job in [j for j in jobs if j.name.endswith("-r0")][:40]:
+        t, o = job.truth, _oracle_of_job(job)
+        x, cores, mem, ok = _truth_grid(job)
+        pick = rng.choice(np.flatnonzero(ok.ravel()), size=min(n, int(ok.sum())), replace=False)
+        samples = []
+        for f in pick:
+            iw, ilw, ip, ilp = np.unravel_index(int(f), x.shape)
+            w, lw, p, lp = int(w_ax[iw]), float(l_ax[ilw]), int(p_ax[ip]), float(l_ax[ilp])
+            xt = t.throughput(w, p, lw, lp) * float(np.exp(rng.normal(0.0, 0.05)))
+            samples.append(Sample(w, p, lw, lp, xt, batch_size=512))
+        fits = {
+            "planner's forms": default_model_factory(samples, "ps", 512),
+            "saturating CPU": _fit_saturating(samples),
+        }
+        for name, m in fits.items():
+            if m is None:
+                continue
+            xp = np.transpose(m.predict_grid(w_ax, p_ax, l_ax, l_ax), (0, 2, 1, 3))
+            c = cores + mem / 1024 / cfg.memory_gib_per_core
+            j = np.log(np.maximum(xp, 1e-12)) - cfg.min_elasticity * np.log(c)
+            j[~ok] = -np.inf
+            i = int(np.argmax(j))
+            out[name].append(
+                (x.flat[i] / cores.flat[i] / o.throughput_per_core, x.flat[i] / o.throughput_sps)
+            )
+    print(f"4. the objective's best point of a fit on {n} random configurations (median, p25):")
+    for name, rows in out.items():
+        a = np.array(rows)
+        print(
+            f"   {name:<16} per-core / oracle's {np.median(a[:, 0]):.3f} "
+            f"({np.percentile(a[:, 0], 25):.3f}); speed {np.median(a[:, 1]):.3f} "
+            f"({np.percentile(a[:, 1], 25):.3f})"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=300)
+    ap.add_argument("--model-forms", type=int, default=0, metavar="N")
     a = ap.parse_args()
     jobs = generate_trace(a.jobs, a.seed)
     print(f"dlrover-rm, {a.jobs} jobs, seed {a.seed}")
+    if a.model_forms:
+        model_forms(jobs, a.model_forms)
+        return 0
     objective_on_truth(jobs)
     bounds(jobs, a.seed)
     warm_starts(jobs, a.seed)
