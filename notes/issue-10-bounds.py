@@ -52,44 +52,31 @@ _ORIGINAL_APPLY = E.Engine._apply
 
 
 def _truth_grid(job: TraceJob) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """True throughput, cores, memory and the quota mask on the oracle's grid (W, Lw, P, Lp),
-    the same arithmetic as ``JobTruth.oracle_config``."""
-    t = job.truth
-    w, p, lv = T._ORACLE_W, T._ORACLE_P, T._ORACLE_CPU
-    wmem = np.ceil(t.worker_memory_mib * T.MEMORY_MARGIN)
-    pmem = np.array(
-        [np.ceil(float(t.ps_memory_used(int(pi), t.samples_total).max()) * 1.1) for pi in p]
-    )
-    maxs = np.array([t.max_share(int(pi)) for pi in p])
-    xw = (w[:, None] * np.asarray(t.eff_worker(lv))[None, :]) / t.c_w
-    xps = np.asarray(t.eff_ps(lv))[None, :] / (t.c_p * maxs[:, None])
-    xnet = t.ps_bandwidth_bps / (t.net_bytes_per_sample * maxs)
-    k = t.smooth_k
-    inv = (
-        (np.maximum(xw, 1e-12) ** -k)[:, :, None, None]
-        + (np.maximum(xps, 1e-12) ** -k)[None, None, :, :]
-        + (xnet**-k)[None, None, :, None]
-    )
-    x = inv ** (-1.0 / k)
-    cores = T._ORACLE_CORES
-    mem = np.broadcast_to(
-        (w * wmem)[:, None, None, None] + (p * pmem)[None, None, :, None], x.shape
-    )
-    ok = (cores <= job.quota.cpu_cores + 1e-9) & (mem <= job.quota.memory_mib)
-    return x, cores, mem, ok
+    """True throughput, cores, memory (MiB) and the quota mask on the oracle's grid
+    (``JobTruth.oracle_grid``: axes W, Lw, P, Lp)."""
+    g = job.truth.oracle_grid(job.quota.cpu_cores, job.quota.memory_mib)
+    x = g.inv ** (-1.0 / job.truth.smooth_k)
+    return x, g.cores, np.broadcast_to(g.mem, x.shape), g.ok
+
+
+def _objective(x: np.ndarray, cores: np.ndarray, mem: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """The planner's objective (``scaling._evaluate``: log X − θ·log cost, cost = cores +
+    GiB / ``memory_gib_per_core``) on the grid, −inf where the quota is exceeded."""
+    cfg = PlannerConfig()
+    c = cores + mem / 1024 / cfg.memory_gib_per_core
+    j = np.log(np.maximum(x, 1e-12)) - cfg.min_elasticity * np.log(c)
+    j[~ok] = -np.inf
+    return j
 
 
 def objective_on_truth(jobs: list[TraceJob]) -> None:
-    cfg = PlannerConfig()
     ratios = []
     for job in jobs:
         if not job.name.endswith("-r0"):
             continue
         o = _oracle_of_job(job)
         x, cores, mem, ok = _truth_grid(job)
-        j = np.log(x) - cfg.min_elasticity * np.log(cores + mem / 1024 / cfg.memory_gib_per_core)
-        j[~ok] = -np.inf
-        i = int(np.argmax(j))
+        i = int(np.argmax(_objective(x, cores, mem, ok)))
         ratios.append(
             (x.flat[i] / cores.flat[i] / o.throughput_per_core, x.flat[i] / o.throughput_sps)
         )
@@ -222,7 +209,6 @@ def _fit_saturating(samples: list[Sample]) -> Any:
 
 
 def model_forms(jobs: list[TraceJob], n: int) -> None:
-    cfg = PlannerConfig()
     rng = np.random.default_rng(1)
     w_ax, p_ax, l_ax = T._ORACLE_W, T._ORACLE_P, T._ORACLE_CPU
     out: dict[str, list[tuple[float, float]]] = {"planner's forms": [], "saturating CPU": []}
@@ -244,10 +230,7 @@ def model_forms(jobs: list[TraceJob], n: int) -> None:
             if m is None:
                 continue
             xp = np.transpose(m.predict_grid(w_ax, p_ax, l_ax, l_ax), (0, 2, 1, 3))
-            c = cores + mem / 1024 / cfg.memory_gib_per_core
-            j = np.log(np.maximum(xp, 1e-12)) - cfg.min_elasticity * np.log(c)
-            j[~ok] = -np.inf
-            i = int(np.argmax(j))
+            i = int(np.argmax(_objective(xp, cores, mem, ok)))
             out[name].append(
                 (x.flat[i] / cores.flat[i] / o.throughput_per_core, x.flat[i] / o.throughput_sps)
             )

@@ -63,6 +63,21 @@ class OracleConfig:
         return self.throughput_sps / self.cores
 
 
+@dataclass(frozen=True)
+class OracleGrid:
+    """The oracle's candidate grid of one job, axes (workers, CPU per worker, PS, CPU per PS):
+    ``inv`` the sum of each stage's rate to the power −k (throughput is
+    ``inv ** (-1 / smooth_k)``), ``cores`` and ``mem`` (MiB) the allocation, ``ok`` where
+    it fits the quota; memory per worker, and per PS for each PS count."""
+
+    inv: FloatArray
+    cores: FloatArray
+    mem: FloatArray
+    ok: npt.NDArray[np.bool_]
+    worker_memory_mib: int
+    ps_memory_mib: FloatArray
+
+
 @dataclass
 class JobTruth:
     """Hidden ground truth of one job (shared by every run of a recurring signature)."""
@@ -237,6 +252,34 @@ class JobTruth:
         hit = self._oracle.get(key)
         if hit is not None:
             return hit
+        g = self.oracle_grid(quota_cpu_cores, quota_memory_mib)
+        ok = g.ok
+        if not ok.any():
+            ok = g.cores == g.cores.min()
+        # throughput only where the configuration fits (flat order kept: the first best wins)
+        where = np.flatnonzero(ok)
+        x_ok = g.inv.ravel()[where] ** (-1.0 / self.smooth_k)
+        per_core = x_ok / g.cores.ravel()[where]
+        good = per_core >= ORACLE_EFFICIENCY_KEEP * per_core.max()
+        best = int(np.argmax(np.where(good, x_ok, -1.0)))
+        idx = np.unravel_index(int(where[best]), g.inv.shape)
+        iw, ilw, ip, ilp = (int(i) for i in idx)
+        cfg = OracleConfig(
+            workers=int(_ORACLE_W[iw]),
+            ps=int(_ORACLE_P[ip]),
+            worker_cpu_cores=float(_ORACLE_CPU[ilw]),
+            ps_cpu_cores=float(_ORACLE_CPU[ilp]),
+            worker_memory_mib=int(g.worker_memory_mib),
+            ps_memory_mib=int(g.ps_memory_mib[ip]),
+            throughput_sps=float(x_ok[best]),
+        )
+        self._oracle[key] = cfg
+        return cfg
+
+    def oracle_grid(self, quota_cpu_cores: float, quota_memory_mib: float) -> OracleGrid:
+        """The oracle's candidate grid (axes ``_ORACLE_W``, ``_ORACLE_CPU``, ``_ORACLE_P``,
+        ``_ORACLE_CPU``) for this job: what :meth:`oracle_config` chooses from. Memory per
+        node is the true end-of-training peak plus ``MEMORY_MARGIN`` (PS: × 1.1)."""
         wmem = math.ceil(self.worker_memory_mib * MEMORY_MARGIN)
         w, p, lw, lp = _ORACLE_W, _ORACLE_P, _ORACLE_CPU, _ORACLE_CPU
         pmem = np.array(
@@ -259,24 +302,4 @@ class JobTruth:
         cores = _ORACLE_CORES
         mem = (w * wmem)[:, None, None, None] + (p * pmem)[None, None, :, None]
         ok = (cores <= quota_cpu_cores + 1e-9) & (mem <= quota_memory_mib)
-        if not ok.any():
-            ok = cores == cores.min()
-        # throughput only where the configuration fits (flat order kept: the first best wins)
-        where = np.flatnonzero(ok)
-        x_ok = inv.ravel()[where] ** (-1.0 / k)
-        per_core = x_ok / cores.ravel()[where]
-        good = per_core >= ORACLE_EFFICIENCY_KEEP * per_core.max()
-        best = int(np.argmax(np.where(good, x_ok, -1.0)))
-        idx = np.unravel_index(int(where[best]), inv.shape)
-        iw, ilw, ip, ilp = (int(i) for i in idx)
-        cfg = OracleConfig(
-            workers=int(w[iw]),
-            ps=int(p[ip]),
-            worker_cpu_cores=float(lw[ilw]),
-            ps_cpu_cores=float(lp[ilp]),
-            worker_memory_mib=int(wmem),
-            ps_memory_mib=int(pmem[ip]),
-            throughput_sps=float(x_ok[best]),
-        )
-        self._oracle[key] = cfg
-        return cfg
+        return OracleGrid(inv, cores, mem, ok, wmem, pmem)

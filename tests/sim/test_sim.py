@@ -73,6 +73,27 @@ def test_oracle_beats_manual_per_core() -> None:
     assert _run("oracle")["oom_count"] == 0
 
 
+def test_oracle_config_is_the_fastest_efficient_point_of_its_grid() -> None:
+    from dlrover_core.sim import truth as T
+
+    for j in _trace(20, 3):
+        q = j.quota
+        o = j.truth.oracle_config(q.cpu_cores, q.memory_mib)
+        g = j.truth.oracle_grid(q.cpu_cores, q.memory_mib)
+        x = g.inv ** (-1.0 / j.truth.smooth_k)
+        at = (
+            list(T._ORACLE_W).index(o.workers),
+            list(T._ORACLE_CPU).index(o.worker_cpu_cores),
+            list(T._ORACLE_P).index(o.ps),
+            list(T._ORACLE_CPU).index(o.ps_cpu_cores),
+        )
+        assert g.ok[at] and x[at] == pytest.approx(o.throughput_sps)
+        per_core = x / g.cores
+        efficient = g.ok & (per_core >= T.ORACLE_EFFICIENCY_KEEP * per_core[g.ok].max())
+        assert x[efficient].max() == pytest.approx(o.throughput_sps)
+        assert o.ps_memory_mib == g.ps_memory_mib[at[2]]
+
+
 @pytest.mark.parametrize("name", BASELINES)
 def test_each_baseline_runs(name: str) -> None:
     m = _run(name)
