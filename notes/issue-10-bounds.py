@@ -250,6 +250,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=300)
     ap.add_argument("--model-forms", type=int, default=0, metavar="N")
     a = ap.parse_args()
+    if a.jobs < 1:
+        ap.error(f"--jobs must be >= 1 (got {a.jobs})")
+    if a.model_forms < 0:
+        ap.error(
+            f"--model-forms must be >= 1 configurations, or 0 for the bounds (got {a.model_forms})"
+        )
     jobs = generate_trace(a.jobs, a.seed)
     print(f"dlrover-rm, {a.jobs} jobs, seed {a.seed}")
     if a.model_forms:
