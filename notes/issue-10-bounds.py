@@ -1,6 +1,6 @@
 """Issue 10, session 14: how much of dlrover-rm's per-core gap each planner stage holds.
 
-    python notes/issue-10-bounds.py [--seed 0] [--jobs 300]
+    python notes/issue-10-bounds.py [--seed 0] [--jobs 300] [--model-forms N | --where]
 
 Three measurements on one generated trace (dlrover-rm only, the table's per-core figure:
 the median over completed jobs of samples per allocated core-second / the oracle's):
@@ -23,6 +23,11 @@ the median over completed jobs of samples per allocated core-second / the oracle
    chosen per role from a small grid by the training error. The objective's best grid point
    of each fit, judged on the truth. Shows what a form that saturates with CPU per node buys
    when the samples vary every input (the planner's own samples mostly do not).
+5. ``--where`` (session 15): the oracle's rule blind to the trace's per-PS-count load draws
+   (each PS count's hottest share at its expected value), against the oracle's; then
+6. where dlrover-rm's per-core figure goes, first runs apart from re-runs: core-seconds
+   with no progress, the first and last configurations' true per-core rate, the last with
+   its workers right-sized for its PS, and what the jobs under 0.7 have too much of.
 """
 
 from __future__ import annotations
@@ -44,7 +49,13 @@ from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.planner import default_model_factory
 from dlrover_core.sim import engine as E
 from dlrover_core.sim import truth as T
-from dlrover_core.sim.runner import _oracle_of_job, run_policy
+from dlrover_core.sim.runner import (
+    POLICIES,
+    _oracle_of_job,
+    cluster_capacity,
+    policy_factories,
+    run_policy,
+)
 from dlrover_core.sim.trace import TraceJob, generate_trace
 from dlrover_core.types import NodeResources, ResourcePlan, RolePlan, Sample
 
@@ -244,11 +255,139 @@ def model_forms(jobs: list[TraceJob], n: int) -> None:
         )
 
 
+def fair_oracle(jobs: list[TraceJob]) -> None:
+    """The oracle's rule on a grid where each PS count's hottest load share is its expected
+    value under the job's Dirichlet (400 draws, a fixed generator) instead of the job's own
+    draw: an oracle that knows every hidden parameter but not which PS count happens to
+    spread the load well. Its configuration, judged on the truth, against the oracle's."""
+    rng = np.random.default_rng(12345)
+    k_keep = T.ORACLE_EFFICIENCY_KEEP
+    rows = []
+    for job in [j for j in jobs if j.name.endswith("-r0")]:
+        t, o = job.truth, _oracle_of_job(job)
+        g = t.oracle_grid(job.quota.cpu_cores, job.quota.memory_mib)
+        emax = np.array(
+            [
+                1.0
+                if p == 1
+                else float(rng.dirichlet(np.full(int(p), t.skew_alpha), 400).max(axis=1).mean())
+                for p in T._ORACLE_P
+            ]
+        )
+        xw = T._ORACLE_W[:, None] * np.asarray(t.eff_worker(T._ORACLE_CPU))[None, :] / t.c_w
+        xps = np.asarray(t.eff_ps(T._ORACLE_CPU))[None, :] / (t.c_p * emax[:, None])
+        xnet = t.ps_bandwidth_bps / (t.net_bytes_per_sample * emax)
+        k = t.smooth_k
+        inv = (
+            (np.maximum(xw, 1e-12) ** -k)[:, :, None, None]
+            + (np.maximum(xps, 1e-12) ** -k)[None, None, :, :]
+            + (xnet**-k)[None, None, :, None]
+        )
+        where = np.flatnonzero(g.ok if g.ok.any() else g.cores == g.cores.min())
+        xf = inv.ravel()[where] ** (-1.0 / k)
+        pc = xf / g.cores.ravel()[where]
+        b = int(where[int(np.argmax(np.where(pc >= k_keep * pc.max(), xf, -1.0)))])
+        x_true = float(g.inv.ravel()[b] ** (-1.0 / k))
+        rows.append(
+            (x_true / g.cores.ravel()[b] / o.throughput_per_core, x_true / o.throughput_sps)
+        )
+    a = np.array(rows)
+    print(
+        f"5. an oracle blind to the per-PS-count load draws, {len(a)} first runs: per-core / "
+        f"oracle's {np.median(a[:, 0]):.3f} (p25 {np.percentile(a[:, 0], 25):.3f}), speed "
+        f"{np.median(a[:, 1]):.3f}"
+    )
+
+
+def breakdown(jobs: list[TraceJob], seed: int) -> None:
+    """Where dlrover-rm's per-core figure goes, first runs apart from re-runs: the share of
+    allocated core-seconds with no progress (pauses, start-up), the true per-core rate of the
+    first and the last configuration measured, the last one with its workers right-sized
+    for its PS (the objective on the truth over fewer workers and less CPU each), and what
+    the final configurations of the jobs under 0.7 of the oracle have too much of."""
+    zero: dict[int, float] = collections.defaultdict(float)
+    orig = E.Engine._advance
+
+    def advance(self: E.Engine, run: Any, t: float) -> None:
+        if t > run.t_last and run.x <= 0:
+            zero[id(run)] += run.alloc_cpu_m / 1000.0 * (t - run.t_last)
+        orig(self, run, t)
+
+    E.Engine._advance = advance  # type: ignore[method-assign]
+    try:
+        engine = E.Engine(
+            jobs, policy_factories(POLICIES)["dlrover-rm"](), cluster_capacity(jobs), seed, None
+        )
+        engine.run()
+    finally:
+        E.Engine._advance = orig  # type: ignore[method-assign]
+    cfg = PlannerConfig()
+    groups: dict[bool, list[tuple[float, ...]]] = {True: [], False: []}
+    poor: collections.Counter[str] = collections.Counter()
+    for r in engine.runs:
+        if r.status != "completed" or r.cpu_alloc_cs <= 0 or not r.samples:
+            continue
+        t, o = r.job.truth, _oracle_of_job(r.job)
+        opc = o.throughput_per_core
+
+        def pc(w: int, p: int, lw: float, lp: float, tt: T.JobTruth = t) -> float:
+            return tt.throughput(w, p, lw, lp) / (w * lw + p * lp)
+
+        w, p, lw, lp = r.samples[-1].config
+        right = max(
+            (
+                (
+                    np.log(t.throughput(w2, p, l2, lp))
+                    - cfg.min_elasticity * np.log(w2 * l2 + p * lp),
+                    w2,
+                    l2,
+                )
+                for w2 in range(1, w + 1)
+                for l2 in (*(c / 1000 for c in cfg.cpu_levels_millicores if c <= lw * 1000), lw)
+            ),
+        )
+        measured = r.done / r.cpu_alloc_cs / opc
+        z = zero.get(id(r), 0.0)
+        groups[r.job.name.endswith("-r0")].append(
+            (
+                measured,
+                r.done / max(r.cpu_alloc_cs - z, 1e-9) / opc,
+                z / r.cpu_alloc_cs,
+                pc(*r.samples[0].config) / opc,
+                pc(w, p, lw, lp) / opc,
+                pc(right[1], p, right[2], lp) / opc,
+            )
+        )
+        if measured < 0.7:
+            x, xw, _, _ = t.rates([lw] * w, [lp] * p)
+            tags = []
+            if xw > 1.5 * x:
+                tags.append("workers > 1.5x what the PS serve")
+            ep = float(t.eff_ps(lp)) / lp / (float(t.eff_ps(o.ps_cpu_cores)) / o.ps_cpu_cores)
+            if ep < 0.8:
+                tags.append("PS CPU per core < 0.8 of the oracle's")
+            poor[" and ".join(tags) or "neither"] += 1
+    print("6. where the per-core figure goes (medians):")
+    print("   runs        n  measured  progress-only  zero-progress share  first cfg  last cfg  "
+          "last, workers right-sized")  # fmt: skip
+    for first, rows in groups.items():
+        a = np.array(rows)
+        m = np.median(a, axis=0)
+        print(
+            f"   {'first' if first else 're-runs':<9} {len(a):>4}  {m[0]:8.3f}  {m[1]:13.3f}  "
+            f"{m[2]:19.3f}  {m[3]:9.3f}  {m[4]:8.3f}  {m[5]:8.3f}"
+        )
+    print(f"   jobs under 0.7 of the oracle: {sum(poor.values())}; their final configuration has")
+    for tag, n in poor.most_common():
+        print(f"     {n:>4}  {tag}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=300)
     ap.add_argument("--model-forms", type=int, default=0, metavar="N")
+    ap.add_argument("--where", action="store_true", help="5 and 6 only (fair oracle, breakdown)")
     a = ap.parse_args()
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1 (got {a.jobs})")
@@ -260,6 +399,10 @@ def main() -> int:
     print(f"dlrover-rm, {a.jobs} jobs, seed {a.seed}")
     if a.model_forms:
         model_forms(jobs, a.model_forms)
+        return 0
+    if a.where:
+        fair_oracle(jobs)
+        breakdown(jobs, a.seed)
         return 0
     objective_on_truth(jobs)
     bounds(jobs, a.seed)
