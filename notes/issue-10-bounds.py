@@ -371,6 +371,8 @@ def breakdown(jobs: list[TraceJob], seed: int) -> None:
     print("   runs        n  measured  progress-only  zero-progress share  first cfg  last cfg  "
           "last, workers right-sized")  # fmt: skip
     for first, rows in groups.items():
+        if not rows:  # e.g. a tiny trace with no re-run
+            continue
         a = np.array(rows)
         m = np.median(a, axis=0)
         print(
