@@ -109,14 +109,14 @@ def _oracle_plan(job: TraceJob, plan: ResourcePlan, part: str) -> ResourcePlan:
     return plan.replace(workers=workers, ps=ps)
 
 
-def _with_apply(
-    hook: Callable[..., Any] | None, run: Callable[[], dict[str, Any]]
-) -> dict[str, Any]:
-    E.Engine._apply = hook or _ORIGINAL_APPLY  # type: ignore[method-assign]
+def _with_engine(name: str, hook: Callable[..., Any] | None, run: Callable[[], Any]) -> Any:
+    """``run()`` with ``Engine.<name>`` replaced by ``hook`` (None: as it is), then restored."""
+    original = getattr(E.Engine, name)
+    setattr(E.Engine, name, hook or original)
     try:
         return run()
     finally:
-        E.Engine._apply = _ORIGINAL_APPLY  # type: ignore[method-assign]
+        setattr(E.Engine, name, original)
 
 
 def bounds(jobs: list[TraceJob], seed: int) -> None:
@@ -139,7 +139,9 @@ def bounds(jobs: list[TraceJob], seed: int) -> None:
                 r.pending_plan = None  # the first plan must start: the job's own, then
             return _ORIGINAL_APPLY(self, r, plan, t)
 
-        m = _with_apply(hook if stages else None, lambda: run_policy(jobs, "dlrover-rm", seed))
+        m = _with_engine(
+            "_apply", hook if stages else None, lambda: run_policy(jobs, "dlrover-rm", seed)
+        )
         label = "as is" if not stages else f"{'+'.join(stages)} ({part})"
         print(
             f"   {label:<30} {m['oracle_throughput_ratio']:.3f}   JCT median/mean/p90 "
@@ -154,7 +156,7 @@ def warm_starts(jobs: list[TraceJob], seed: int) -> None:
         applied[r.job.name].append(plan)
         return _ORIGINAL_APPLY(self, r, plan, t)
 
-    m = _with_apply(hook, lambda: run_policy(jobs, "dlrover-rm", seed))
+    m = _with_engine("_apply", hook, lambda: run_policy(jobs, "dlrover-rm", seed))
     done = {j["name"]: j for j in m["jobs"] if j["status"] == "completed"}
     one_ps = more = 0
     for job in jobs:
@@ -261,12 +263,11 @@ def fair_oracle(jobs: list[TraceJob]) -> None:
     draw: an oracle that knows every hidden parameter but not which PS count happens to
     spread the load well. Its configuration, judged on the truth, against the oracle's."""
     rng = np.random.default_rng(12345)
-    k_keep = T.ORACLE_EFFICIENCY_KEEP
     rows = []
     for job in [j for j in jobs if j.name.endswith("-r0")]:
         t, o = job.truth, _oracle_of_job(job)
-        g = t.oracle_grid(job.quota.cpu_cores, job.quota.memory_mib)
-        emax = np.array(
+        q = job.quota
+        expected = np.array(
             [
                 1.0
                 if p == 1
@@ -274,20 +275,9 @@ def fair_oracle(jobs: list[TraceJob]) -> None:
                 for p in T._ORACLE_P
             ]
         )
-        xw = T._ORACLE_W[:, None] * np.asarray(t.eff_worker(T._ORACLE_CPU))[None, :] / t.c_w
-        xps = np.asarray(t.eff_ps(T._ORACLE_CPU))[None, :] / (t.c_p * emax[:, None])
-        xnet = t.ps_bandwidth_bps / (t.net_bytes_per_sample * emax)
-        k = t.smooth_k
-        inv = (
-            (np.maximum(xw, 1e-12) ** -k)[:, :, None, None]
-            + (np.maximum(xps, 1e-12) ** -k)[None, None, :, :]
-            + (xnet**-k)[None, None, :, None]
-        )
-        where = np.flatnonzero(g.ok if g.ok.any() else g.cores == g.cores.min())
-        xf = inv.ravel()[where] ** (-1.0 / k)
-        pc = xf / g.cores.ravel()[where]
-        b = int(where[int(np.argmax(np.where(pc >= k_keep * pc.max(), xf, -1.0)))])
-        x_true = float(g.inv.ravel()[b] ** (-1.0 / k))
+        b, _ = t.oracle_grid(q.cpu_cores, q.memory_mib, expected).choice(t.smooth_k)
+        g = t.oracle_grid(q.cpu_cores, q.memory_mib)
+        x_true = float(g.inv.ravel()[b] ** (-1.0 / t.smooth_k))
         rows.append(
             (x_true / g.cores.ravel()[b] / o.throughput_per_core, x_true / o.throughput_sps)
         )
@@ -313,14 +303,10 @@ def breakdown(jobs: list[TraceJob], seed: int) -> None:
             zero[id(run)] += run.alloc_cpu_m / 1000.0 * (t - run.t_last)
         orig(self, run, t)
 
-    E.Engine._advance = advance  # type: ignore[method-assign]
-    try:
-        engine = E.Engine(
-            jobs, policy_factories(POLICIES)["dlrover-rm"](), cluster_capacity(jobs), seed, None
-        )
-        engine.run()
-    finally:
-        E.Engine._advance = orig  # type: ignore[method-assign]
+    engine = E.Engine(
+        jobs, policy_factories(POLICIES)["dlrover-rm"](), cluster_capacity(jobs), seed, None
+    )
+    _with_engine("_advance", advance, engine.run)
     cfg = PlannerConfig()
     groups: dict[bool, list[tuple[float, ...]]] = {True: [], False: []}
     poor: collections.Counter[str] = collections.Counter()

@@ -77,6 +77,19 @@ class OracleGrid:
     worker_memory_mib: int
     ps_memory_mib: FloatArray
 
+    def choice(self, smooth_k: float) -> tuple[int, float]:
+        """The oracle's rule on this grid: among the configurations that fit (the smallest
+        when none does), the fastest whose throughput per core is at least
+        ``ORACLE_EFFICIENCY_KEEP`` of the best; (its flat index, its throughput). The flat
+        order is kept, so the first best wins."""
+        ok = self.ok if self.ok.any() else self.cores == self.cores.min()
+        where = np.flatnonzero(ok)
+        x_ok = self.inv.ravel()[where] ** (-1.0 / smooth_k)
+        per_core = x_ok / self.cores.ravel()[where]
+        good = per_core >= ORACLE_EFFICIENCY_KEEP * per_core.max()
+        best = int(np.argmax(np.where(good, x_ok, -1.0)))
+        return int(where[best]), float(x_ok[best])
+
 
 @dataclass
 class JobTruth:
@@ -253,17 +266,8 @@ class JobTruth:
         if hit is not None:
             return hit
         g = self.oracle_grid(quota_cpu_cores, quota_memory_mib)
-        ok = g.ok
-        if not ok.any():
-            ok = g.cores == g.cores.min()
-        # throughput only where the configuration fits (flat order kept: the first best wins)
-        where = np.flatnonzero(ok)
-        x_ok = g.inv.ravel()[where] ** (-1.0 / self.smooth_k)
-        per_core = x_ok / g.cores.ravel()[where]
-        good = per_core >= ORACLE_EFFICIENCY_KEEP * per_core.max()
-        best = int(np.argmax(np.where(good, x_ok, -1.0)))
-        idx = np.unravel_index(int(where[best]), g.inv.shape)
-        iw, ilw, ip, ilp = (int(i) for i in idx)
+        flat, x_best = g.choice(self.smooth_k)
+        iw, ilw, ip, ilp = (int(i) for i in np.unravel_index(flat, g.inv.shape))
         cfg = OracleConfig(
             workers=int(_ORACLE_W[iw]),
             ps=int(_ORACLE_P[ip]),
@@ -271,15 +275,23 @@ class JobTruth:
             ps_cpu_cores=float(_ORACLE_CPU[ilp]),
             worker_memory_mib=int(g.worker_memory_mib),
             ps_memory_mib=int(g.ps_memory_mib[ip]),
-            throughput_sps=float(x_ok[best]),
+            throughput_sps=x_best,
         )
         self._oracle[key] = cfg
         return cfg
 
-    def oracle_grid(self, quota_cpu_cores: float, quota_memory_mib: float) -> OracleGrid:
+    def oracle_grid(
+        self,
+        quota_cpu_cores: float,
+        quota_memory_mib: float,
+        max_shares: FloatArray | None = None,
+    ) -> OracleGrid:
         """The oracle's candidate grid (axes ``_ORACLE_W``, ``_ORACLE_CPU``, ``_ORACLE_P``,
         ``_ORACLE_CPU``) for this job: what :meth:`oracle_config` chooses from. Memory per
-        node is the true end-of-training peak plus ``MEMORY_MARGIN`` (PS: × 1.1)."""
+        node is the true end-of-training peak plus ``MEMORY_MARGIN`` (PS: × 1.1).
+        ``max_shares``: the hottest PS's load share for each PS count of ``_ORACLE_P`` in
+        place of this job's own draws (e.g. their expected values, for an oracle that does
+        not know the draws)."""
         wmem = math.ceil(self.worker_memory_mib * MEMORY_MARGIN)
         w, p, lw, lp = _ORACLE_W, _ORACLE_P, _ORACLE_CPU, _ORACLE_CPU
         pmem = np.array(
@@ -288,7 +300,11 @@ class JobTruth:
                 for pi in p
             ]
         )
-        maxs = np.array([self.max_share(int(pi)) for pi in p])
+        maxs = (
+            np.array([self.max_share(int(pi)) for pi in p])
+            if max_shares is None
+            else np.asarray(max_shares, dtype=np.float64)
+        )
         xw = (w[:, None] * np.asarray(self.eff_worker(lw))[None, :]) / self.c_w  # (W, Lw)
         xps = np.asarray(self.eff_ps(lp))[None, :] / (self.c_p * maxs[:, None])  # (P, Lp)
         xnet = self.ps_bandwidth_bps / (self.net_bytes_per_sample * maxs)  # (P,)

@@ -7,6 +7,7 @@ import io
 from functools import cache
 from typing import Any
 
+import numpy as np
 import pytest
 
 from dlrover_core.sim import (
@@ -92,6 +93,12 @@ def test_oracle_config_is_the_fastest_efficient_point_of_its_grid() -> None:
         efficient = g.ok & (per_core >= T.ORACLE_EFFICIENCY_KEEP * per_core[g.ok].max())
         assert x[efficient].max() == pytest.approx(o.throughput_sps)
         assert o.ps_memory_mib == g.ps_memory_mib[at[2]]
+        # the job's own hottest shares passed in give the same grid, and its choice
+        own = [j.truth.max_share(int(p)) for p in T._ORACLE_P]
+        g2 = j.truth.oracle_grid(q.cpu_cores, q.memory_mib, np.array(own))
+        assert np.array_equal(g2.inv, g.inv)
+        flat, x_best = g2.choice(j.truth.smooth_k)
+        assert np.unravel_index(flat, g.inv.shape) == at and x_best == o.throughput_sps
 
 
 @pytest.mark.parametrize("name", BASELINES)
