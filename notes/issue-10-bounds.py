@@ -293,8 +293,9 @@ def breakdown(jobs: list[TraceJob], seed: int) -> None:
     """Where dlrover-rm's per-core figure goes, first runs apart from re-runs: the share of
     allocated core-seconds with no progress (pauses, start-up), the true per-core rate of the
     first and the last configuration measured, the last one with its workers right-sized
-    for its PS (the objective on the truth over fewer workers and less CPU each), and what
-    the final configurations of the jobs under 0.7 of the oracle have too much of."""
+    for its PS (log X − θ·log cores on the truth, memory left out, over fewer workers and
+    less CPU each), and what the final configurations of the jobs under 0.7 of the oracle
+    have too much of."""
     zero: dict[int, float] = collections.defaultdict(float)
     orig = E.Engine._advance
 
@@ -374,9 +375,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=300)
-    ap.add_argument("--model-forms", type=int, default=0, metavar="N")
-    ap.add_argument("--where", action="store_true", help="5 and 6 only (fair oracle, breakdown)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--model-forms", type=int, default=0, metavar="N")
+    only.add_argument("--where", action="store_true", help="5 and 6 only (fair oracle, breakdown)")
     a = ap.parse_args()
+    if a.seed < 0:
+        ap.error(f"--seed must be >= 0 (got {a.seed})")
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1 (got {a.jobs})")
     if a.model_forms < 0:
