@@ -20,7 +20,7 @@ said otherwise):
     (the solution moves more between calls: the warm start's worst case).
   Each with the planner's remembered choice (``ModelChoice``: warm-started refit), the same
   with a cold refit (two cold starts of the overlap solver, the planner before the warm
-  start), and the choice made again every call (``default_model_factory``: cross-validation).
+  start), and the choice made again every call (``linear_model_factory``: cross-validation).
 
 Then the warm start's fit quality: along the same runtime sequence (16 profiled
 configurations, one noisy replicate a call, 40 calls, 6 seeds), the held-out MAPE against the
@@ -116,7 +116,7 @@ Factory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 FACTORIES: dict[str, Callable[[], Factory | None]] = {
     "remembered (warm refit)": lambda: None,  # the planner's default: ModelChoice()
     "remembered (cold refit)": ColdModelChoice,
-    "chosen every call": lambda: planner_mod.default_model_factory,
+    "chosen every call": lambda: planner_mod.linear_model_factory,
 }
 
 

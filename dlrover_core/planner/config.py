@@ -27,6 +27,10 @@ class PlannerConfig:
     # cost increase still buys ≥ θ % throughput (θ is DLRover's 0.2 marginal speed ratio
     # made continuous; ours: 0.35 trades a little speed for much less waste).
     min_elasticity: float = 0.35
+    # the throughput model of PS jobs: "bottleneck" (PSBottleneckThroughputModel, a MAP fit
+    # with priors: predicts from one configuration on) or "linear" (the paper's form and its
+    # extensions, chosen by cross-validation; each input must have varied to be predicted)
+    throughput_form: str = "bottleneck"
     memory_gib_per_core: float = 4.0  # 1 core costs as much as 4 GiB (cloud price ratio)
     min_gain: float = 0.03  # change only if the objective improves by ≥ 3 % (hysteresis)
     max_worker_step: int = 8  # DLRover: ≤ +8 workers per step

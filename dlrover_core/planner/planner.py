@@ -18,6 +18,7 @@ import numpy as np
 
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.throughput import (
+    PSBottleneckThroughputModel,
     PSExtendedThroughputModel,
     PSOverlapThroughputModel,
     ThroughputModel,
@@ -137,7 +138,21 @@ def held_out_errors(
     return out
 
 
+THROUGHPUT_FORMS = ("bottleneck", "linear")
+
+
 def default_model_factory(
+    samples: Sequence[Sample], strategy: str, batch_size: int
+) -> ThroughputModel:
+    """For PS jobs, :class:`PSBottleneckThroughputModel` (a prediction from one
+    configuration on; see :func:`linear_model_factory` for the linear forms); other
+    strategies' own model."""
+    if strategy != "ps":
+        return fit_throughput_model(samples, strategy, batch_size=batch_size)
+    return PSBottleneckThroughputModel(batch_size=batch_size).fit(samples)
+
+
+def linear_model_factory(
     samples: Sequence[Sample], strategy: str, batch_size: int
 ) -> ThroughputModel:
     """For PS jobs, the baseline form (:func:`_baseline_ps_model`) or, from
@@ -192,16 +207,27 @@ class ModelChoice:
     its previous fit (a few solver steps instead of two cold starts of tens: what keeps a plan
     under 10 ms). One per planner (per job)."""
 
-    def __init__(self) -> None:
+    def __init__(self, form: str = "bottleneck") -> None:
+        if form not in THROUGHPUT_FORMS:
+            raise ValueError(f"throughput form {form!r}: use one of {THROUGHPUT_FORMS}")
+        self.form = form
         self._configs: frozenset[tuple[int, int, float, float]] | None = None
         self._overlap = False
         self._last_overlap: PSOverlapThroughputModel | None = None
+        self._last_bottleneck: PSBottleneckThroughputModel | None = None
 
     def __call__(
         self, samples: Sequence[Sample], strategy: str, batch_size: int
     ) -> ThroughputModel:
         if strategy != "ps":
-            return default_model_factory(samples, strategy, batch_size)
+            return fit_throughput_model(samples, strategy, batch_size=batch_size)
+        if self.form == "bottleneck":
+            # one form, nothing to choose: refitted from the previous fit (a few solver steps)
+            fitted = PSBottleneckThroughputModel(batch_size=batch_size).fit(
+                samples, start=self._last_bottleneck
+            )
+            self._last_bottleneck = fitted
+            return fitted
         configs = frozenset(s.config for s in samples)
         if configs == self._configs or self._still_chosen(configs):
             if not self._overlap:
@@ -213,7 +239,7 @@ class ModelChoice:
             else:
                 self._last_overlap = fitted
                 return fitted
-        model = default_model_factory(samples, strategy, batch_size)
+        model = linear_model_factory(samples, strategy, batch_size)
         self._configs = configs
         self._overlap = isinstance(model, PSOverlapThroughputModel)
         self._last_overlap = model if isinstance(model, PSOverlapThroughputModel) else None
@@ -286,7 +312,7 @@ class Planner:
         self.spec = spec
         self.config = config or PlannerConfig.from_spec(spec)
         self.bounds = JobBounds.from_spec(spec)
-        self.model_factory: ModelFactory = model_factory or ModelChoice()
+        self.model_factory: ModelFactory = model_factory or ModelChoice(self.config.throughput_form)
         # memory fits of the latest observations, reused within and across calls until a
         # new observation arrives (keyed on its time and the window's length)
         self._memo_key: tuple[int, float, float] | None = None

@@ -88,8 +88,6 @@ def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]
 # grew in ~×2 steps (8 -> 16 -> 28 -> 49 workers), each one more pause and re-plan interval;
 # the model's lower band still judges each move (issue 10, notes/issue-10.md session 8)
 SPAN_STRETCH = 2.5
-# the coefficients through which each CPU input acts (the model forms' B/λ terms)
-_CPU_TERMS = {"worker_cpu": ("a1", "a2"), "ps_cpu": ("b1", "b4", "b5")}
 
 
 def _within(
@@ -210,14 +208,13 @@ def search(
     # saw: counts when the fit is partial; a CPU whose every coefficient NNLS left at 0
     # (it would look free: e.g. 0.5 CPU per worker)
     rng = model.ranges_
-    coef = model.coef_
     if not model.full_rank_:
         wv = _within(wv, rng.get("workers"), 1.0, cw.count)
         if uses_ps:
             pv = _within(pv, rng.get("ps"), 1.0, cp.count)
-    if all(coef.get(n, 0.0) <= 0 for n in _CPU_TERMS["worker_cpu"]):
+    if not model.cpu_has_effect("worker_cpu"):
         wcv = _within(wcv, rng.get("worker_cpu"), 1000.0, cw.resources.cpu_millicores)
-    if uses_ps and all(coef.get(n, 0.0) <= 0 for n in _CPU_TERMS["ps_cpu"]):
+    if uses_ps and not model.cpu_has_effect("ps_cpu"):
         pcv = _within(pcv, rng.get("ps_cpu"), 1000.0, cp.resources.cpu_millicores)
     w_mem = (
         bounds.workers.memory(worker_memory_mib)

@@ -65,8 +65,8 @@ class _CachedChoice:
     configuration, or one that has fewer than ``PER_CONFIG`` samples gained one (incremental:
     a full configuration's newest replicate does not trigger a refit)."""
 
-    def __init__(self) -> None:
-        self.choice = ModelChoice()
+    def __init__(self, form: str = "bottleneck") -> None:
+        self.choice = ModelChoice(form)
         self._key: tuple[tuple[tuple[int, int, float, float], int], ...] | None = None
         self._hit: ThroughputModel | DLRoverError | None = None
 
@@ -111,7 +111,9 @@ class DLRoverRMPolicy:
         if st is None:
             spec = job_view_to_spec(job)
             cfg = self.config or PlannerConfig.from_spec(spec)
-            st = self._jobs[job.name] = _Job(Planner(spec, cfg, model_factory=_CachedChoice()))
+            st = self._jobs[job.name] = _Job(
+                Planner(spec, cfg, model_factory=_CachedChoice(cfg.throughput_form))
+            )
         return st
 
     def initial_plan(

@@ -24,10 +24,10 @@ from dlrover_core.planner import planner as planner_mod
 from dlrover_core.planner.bounds import JobBounds
 from dlrover_core.planner.planner import (
     OVERLAP_MIN_CONFIGS,
-    default_model_factory,
     held_out_errors,
+    linear_model_factory,
 )
-from dlrover_core.planner.scaling import _CPU_TERMS, search
+from dlrover_core.planner.scaling import search
 from dlrover_core.types import Sample
 from tests.factories import GRID_CONFIGS, exact_samples, make_plan, make_spec
 from tests.model.test_model_overlap import OV_COEF, overlap_truth
@@ -37,7 +37,7 @@ from tests.model.test_model_throughput import PS_COEF, B, make_samples, split
 def test_overlap_model_chosen_when_it_predicts_held_out_configurations_better() -> None:
     train, _ = split()
     samples = make_samples(train[:20], overlap_truth(OV_COEF, 2.5), noise=0.02)
-    model = default_model_factory(samples, "ps", B)
+    model = linear_model_factory(samples, "ps", B)
     assert isinstance(model, PSOverlapThroughputModel) and model.gamma_ > 1.5
     # the reason it was chosen: lower cross-validated error, by a wide margin on these data
     ov = held_out_errors(lambda s: PSOverlapThroughputModel(batch_size=B).fit(s), samples, 5)
@@ -52,7 +52,7 @@ def test_baseline_kept_when_the_overlap_model_predicts_no_better() -> None:
     # exactly; a tie is no evidence for three more terms and an exponent
     pick = np.random.default_rng(0).permutation(len(GRID_CONFIGS))[:12]
     samples = exact_samples(PS_COEF, [GRID_CONFIGS[i] for i in pick])
-    model = default_model_factory(samples, "ps", B)
+    model = linear_model_factory(samples, "ps", B)
     assert type(model) is PSExtendedThroughputModel
     assert model.predict(8, 2, 2.0, 2.0).throughput_sps == pytest.approx(
         PSThroughputModel(batch_size=B).fit(samples).predict(8, 2, 2.0, 2.0).throughput_sps,
@@ -73,14 +73,14 @@ def test_no_overlap_fit_when_the_baseline_shows_no_lack_of_fit(
 
     monkeypatch.setattr(planner_mod, "_overlap_ps_model", overlap)
     samples = exact_samples(PS_COEF, GRID_CONFIGS[:30])
-    assert type(default_model_factory(samples, "ps", B)) is PSExtendedThroughputModel
+    assert type(linear_model_factory(samples, "ps", B)) is PSExtendedThroughputModel
     assert calls == []
     # with 3 % noise there is lack of fit to weigh: the overlap model is cross-validated
     noisy = [
         Sample(*s.config, s.throughput_sps * (1 + 0.03 * z), batch_size=B)
         for s, z in zip(samples, np.random.default_rng(0).standard_normal(30), strict=True)
     ]
-    default_model_factory(noisy, "ps", B)
+    linear_model_factory(noisy, "ps", B)
     assert len(calls) == 1 + 5  # the full fit, then five folds
 
 
@@ -89,7 +89,7 @@ def test_overlap_model_not_weighed_below_its_minimum_configurations() -> None:
     samples = make_samples(
         train[: OVERLAP_MIN_CONFIGS - 1], overlap_truth(OV_COEF, 2.5), noise=0.02
     )
-    assert type(default_model_factory(samples, "ps", B)) is PSThroughputModel
+    assert type(linear_model_factory(samples, "ps", B)) is PSThroughputModel
 
 
 def test_other_strategies_unchanged() -> None:
@@ -97,7 +97,7 @@ def test_other_strategies_unchanged() -> None:
         Sample(w, 0, lw, 0.0, w * B / (0.01 + 0.002 * B / lw + 0.003 * (w - 1) / w))
         for w, lw in itertools.product([1, 2, 4, 8], [1.0, 2.0, 4.0])
     ]
-    assert type(default_model_factory(samples, "allreduce", B)) is AllReduceThroughputModel
+    assert type(linear_model_factory(samples, "allreduce", B)) is AllReduceThroughputModel
 
 
 class Recorder:
@@ -156,7 +156,7 @@ def test_cpu_terms_are_exactly_the_features_that_depend_on_cpu(
     f1 = m._features_scalar(*x, float(B))
     f2 = m._features_scalar(*y, float(B))
     moved = {n for n, a, b in zip(cls.feature_names, f1, f2, strict=True) if a != b}
-    assert moved == set(_CPU_TERMS[role]) & set(cls.feature_names)
+    assert moved == set(cls.cpu_terms[role]) & set(cls.feature_names)
 
 
 def test_search_prices_cpu_beyond_the_span_when_only_the_lost_cores_term_acts() -> None:
@@ -329,7 +329,7 @@ def test_remembering_the_choice_cuts_plan_latency_on_noisy_replicates() -> None:
             times.append(time.thread_time() - t)
         return float(np.median(times)) * 1000
 
-    remembered, every_call = median_ms(None), median_ms(planner_mod.default_model_factory)
+    remembered, every_call = median_ms(None), median_ms(planner_mod.linear_model_factory)
     print(f"plan on noisy replicates: {remembered:.1f} ms remembered, {every_call:.1f} chosen")
     assert remembered < 0.5 * every_call
 
