@@ -557,6 +557,13 @@ class PlannerSpec(_Strict):
         default=None, ge=0,
         description="a PS OOM predicted this far ahead waits for the next move (1800; 0: never)",
     )  # fmt: skip
+    throughput_form: Literal["bottleneck", "linear"] | None = Field(
+        default=None,
+        description=(
+            "PS throughput model: 'bottleneck' (priors, predicts from one configuration) "
+            "or 'linear' (the paper's form; samples every input first) (bottleneck)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_utils(self) -> PlannerSpec:
@@ -568,7 +575,7 @@ class PlannerSpec(_Strict):
             )
         return self
 
-    def overrides(self) -> dict[str, float | int]:
+    def overrides(self) -> dict[str, float | int | str]:
         """The fields the spec sets, by ``PlannerConfig`` field name."""
         return {k: v for k, v in self.model_dump().items() if v is not None}
 

@@ -73,6 +73,12 @@ def make_spec(**overrides: Any) -> JobSpec:
     return load_spec(make_spec_dict(**overrides))
 
 
+def make_linear_spec(**overrides: Any) -> JobSpec:
+    """``make_spec`` with the planner on the linear throughput forms (the tests of their
+    sampling, cross-validated choice and exact fits of a linear truth)."""
+    return make_spec(planner__throughput_form="linear", **overrides)
+
+
 # --- plans ---------------------------------------------------------------------------------
 
 

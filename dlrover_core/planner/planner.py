@@ -223,11 +223,11 @@ class ModelChoice:
             return fit_throughput_model(samples, strategy, batch_size=batch_size)
         if self.form == "bottleneck":
             # one form, nothing to choose: refitted from the previous fit (a few solver steps)
-            fitted = PSBottleneckThroughputModel(batch_size=batch_size).fit(
+            bottleneck = PSBottleneckThroughputModel(batch_size=batch_size).fit(
                 samples, start=self._last_bottleneck
             )
-            self._last_bottleneck = fitted
-            return fitted
+            self._last_bottleneck = bottleneck
+            return bottleneck
         configs = frozenset(s.config for s in samples)
         if configs == self._configs or self._still_chosen(configs):
             if not self._overlap:

@@ -18,7 +18,7 @@ from dlrover_core.planner.planner import (
 )
 from dlrover_core.planner.scaling import bottleneck_candidates
 from dlrover_core.types import Stage
-from tests.factories import GRID_CONFIGS, exact_samples, make_obs, make_plan, make_spec
+from tests.factories import GRID_CONFIGS, exact_samples, make_obs, make_plan, make_linear_spec
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_worker_step_is_the_larger_of_the_fixed_step_and_the_growth(
 def test_every_ps_hot_raises_ps_cpu_first_then_ps_count() -> None:
     """3 PS at 0.5 CPU, all ≥ 90 % busy (a warm start measured on a PS-bound run): CPU per
     PS towards 70 % busy, ×4 at most → 2 CPU; then more PS."""
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     cur = make_plan((14, 1000, 4096), (3, 500, 8192))
     obs = [make_obs(600.0, ps_util=(0.99, 0.97, 0.95), ps_cpu=500, worker_speeds=[80.0] * 14)]
     cands = bottleneck_candidates(cur, JobBounds.from_spec(spec), PlannerConfig(), obs)
@@ -48,7 +48,7 @@ def test_every_ps_hot_raises_ps_cpu_first_then_ps_count() -> None:
 
 
 def test_idle_ps_grows_workers_until_the_ps_would_be_busy() -> None:
-    spec = make_spec(quota={"cpu": 640, "memory": "2560Gi"})
+    spec = make_linear_spec(quota={"cpu": 640, "memory": "2560Gi"})
     cur = make_plan((10, 2000, 4096), (2, 8000, 8192))
     obs = [make_obs(600.0, ps_util=(0.2, 0.25), ps_cpu=8000, worker_speeds=[80.0] * 10)]
     cfg = PlannerConfig(max_worker_growth=1.0)
@@ -61,7 +61,7 @@ def test_untrusted_model_with_no_sampling_left_follows_the_bottleneck_rule() -> 
     """Noisy samples (model error > max_trust_rel_error) of enough configurations that no
     sampling is left, and every PS hot (stage 3 leaves capacity to stage 2): the planner
     still acts on the bottleneck (it used to keep the slow configuration)."""
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     cfg = PlannerConfig.from_spec(
         spec, max_trust_rel_error=0.0, max_sampling_configs=1, idle_worker_cpu_util=0.0
     )
@@ -106,7 +106,7 @@ def test_untrusted_model_goes_back_to_a_clearly_faster_measured_configuration() 
     and ran at half the speed; no model could be trusted, nothing was left to sample and no
     bottleneck rule applied, so it stayed there for days. Now: back to the configuration this
     run measured at twice the speed."""
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     cfg = PlannerConfig.from_spec(spec, max_trust_rel_error=0.0, max_sampling_configs=0)
     planner = Planner(spec, cfg)
     fast = make_plan((4, 2000, 4096), (2, 1000, 8192), created_at_s=0.0, stage=Stage.SCALING)
@@ -151,7 +151,7 @@ def _stall_replan(
 ) -> PlanDecision:
     """A trusted model whose best move saves nothing (stubbed: the rule under test is what
     the planner does next), the current configuration measured five times."""
-    spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
+    spec = make_linear_spec(quota={"cpu": 256, "memory": "1024Gi"})
     planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0, **overrides))
     monkeypatch.setattr(planner, "_model_move", lambda *a, **k: (None, "nothing saves", None))
     cur = make_plan((6, 2000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
@@ -219,7 +219,7 @@ def test_a_probe_that_paid_allows_the_next(
 ) -> None:
     """The run went from 1 PS to 2 by a probe: 20 % faster measured allows 4 PS next; 2 %
     faster (under ``stall_min_gain``) ends the probing."""
-    spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
+    spec = make_linear_spec(quota={"cpu": 256, "memory": "1024Gi"})
     planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
     monkeypatch.setattr(planner, "_model_move", lambda *a, **k: (None, "nothing saves", None))
     before = make_plan((6, 2000, 4096), (1, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
@@ -259,7 +259,7 @@ def test_a_move_gives_workers_the_cpu_they_use_when_the_model_never_saw_it_vary(
     at 16 CPU alone, so its move keeps 16; the workers use half of it (the factories'
     workers) with the PS far from hot, so the move gives them 8 × 1.1 -> 12 CPU, what
     DLRover's "CPU = observed use + margin" allows. A model that saw the CPU vary sizes it."""
-    spec = make_spec(quota={"cpu": 1024, "memory": "4096Gi"})
+    spec = make_linear_spec(quota={"cpu": 1024, "memory": "4096Gi"})
     planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
     cur = make_plan((8, 16000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
     cpus = (8.0, 16.0) if varied_cpu else (16.0,)
@@ -292,7 +292,7 @@ def test_at_a_full_quota_the_ps_count_is_sampled_in_place_of_a_worker(quota_cpu:
     8 × 4 + 1 × 4), one more PS does not fit beside the 8 workers; the sample is worth one
     worker: 7 workers and 2 PS. (Skipped for not fitting, the job stayed on one PS for
     hours, session 11.) With room (64 CPU) the workers stay."""
-    spec = make_spec(quota={"cpu": quota_cpu, "memory": "1024Gi"})
+    spec = make_linear_spec(quota={"cpu": quota_cpu, "memory": "1024Gi"})
     planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
     planner._model_move = lambda *a, **k: (None, "nothing saves", None)  # type: ignore[method-assign]
     cur = make_plan((8, 4000, 4096), (1, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
@@ -317,7 +317,7 @@ def test_a_full_rank_model_that_never_saw_the_worker_count_vary_still_samples_it
     identified (the features see w only through w/p), yet the model cannot predict other
     worker counts. Finding nothing in its span (stubbed), the planner samples more workers
     rather than wait for a recheck (a job sat 20 h on one worker that way, session 11)."""
-    spec = make_spec(quota={"cpu": 256, "memory": "1024Gi"})
+    spec = make_linear_spec(quota={"cpu": 256, "memory": "1024Gi"})
     planner = Planner(spec, PlannerConfig.from_spec(spec, idle_worker_cpu_util=0.0))
     planner._model_move = lambda *a, **k: (None, "nothing saves", None)  # type: ignore[method-assign]
     cur = make_plan((1, 4000, 4096), (2, 4000, 8192), created_at_s=0.0, stage=Stage.SCALING)
@@ -341,7 +341,7 @@ def test_a_sampling_move_never_gives_back_memory_the_job_needed() -> None:
     """A move from the first plan (when moves from here no longer fit) carries that plan's
     memory: a PS whose OOM bumped it from 8 to 16 GiB went back to 8 GiB and OOMed again
     (seed 206). The move keeps what the job holds now, and PS are sized by the memory fit."""
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     planner = Planner(spec)
     cur = make_plan((2, 4000, 6144), (1, 4000, 16384))
     base = make_plan((1, 4000, 4096), (1, 4000, 8192))

@@ -29,7 +29,7 @@ from dlrover_core.planner.planner import (
 )
 from dlrover_core.planner.scaling import search
 from dlrover_core.types import Sample
-from tests.factories import GRID_CONFIGS, exact_samples, make_plan, make_spec
+from tests.factories import GRID_CONFIGS, exact_samples, make_plan, make_linear_spec
 from tests.model.test_model_overlap import OV_COEF, overlap_truth
 from tests.model.test_model_throughput import PS_COEF, B, make_samples, split
 
@@ -179,7 +179,7 @@ def test_search_prices_cpu_beyond_the_span_when_only_the_lost_cores_term_acts() 
     model = PSOverlapThroughputModel(batch_size=B, max_overlap=1.0).fit(samples)
     assert model.coef_["a1"] == pytest.approx(0.0, abs=1e-9)
     assert model.coef_["a2"] == pytest.approx(0.02, rel=1e-6)
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     current = make_plan((2, 1000, 2048), (1, 2000, 4096))
     res = search(model, current, JobBounds.from_spec(spec), PlannerConfig(), 2048, lambda p: 4096)
     assert res.workers.resources.cpu_millicores > 4000
@@ -201,7 +201,7 @@ def test_a_partial_fit_extrapolates_worker_counts_at_most_span_stretch_past_its_
     samples = [Sample(w, 1, 4.0, 4.0, x(w), batch_size=B) for w in (2, 3, 4) for _ in (0, 1)]
     model = PSThroughputModel(batch_size=B).fit(samples)
     assert not model.full_rank_
-    spec = make_spec(quota={"cpu": 512, "memory": "2048Gi"})
+    spec = make_linear_spec(quota={"cpu": 512, "memory": "2048Gi"})
     current = make_plan((4, 4000, 2048), (1, 4000, 4096))
     res = search(model, current, JobBounds.from_spec(spec), PlannerConfig(), 2048, lambda p: 4096)
     assert 8 < res.workers.count <= 4 * SPAN_STRETCH
@@ -221,7 +221,7 @@ def test_the_choice_is_remembered_until_the_configurations_grow_by_half(
     monkeypatch.setattr(
         planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
-    choice = planner_mod.ModelChoice()
+    choice = planner_mod.ModelChoice("linear")
     first = choice(samples, "ps", B)
     assert isinstance(first, PSOverlapThroughputModel) and len(runs) == 2  # base + overlap
     again = choice(samples + make_samples(train[:3], truth, noise=0.02, seed=5), "ps", B)
@@ -245,7 +245,7 @@ def test_a_choice_from_fewer_configurations_than_cross_validation_needs_is_not_k
     monkeypatch.setattr(
         planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
-    choice = planner_mod.ModelChoice()
+    choice = planner_mod.ModelChoice("linear")
     assert choice.remembered() is None
     few = make_samples(train[: OVERLAP_MIN_CONFIGS - 1], truth, noise=0.02)
     assert not isinstance(choice(few, "ps", B), PSOverlapThroughputModel) and not runs
@@ -264,7 +264,7 @@ def test_a_past_runs_choice_is_adopted_and_round_trips_through_json(
     train, _ = split()
     truth = overlap_truth(OV_COEF, 2.5)
     samples = make_samples(train[:20], truth, noise=0.02)
-    first = planner_mod.ModelChoice()
+    first = planner_mod.ModelChoice("linear")
     assert isinstance(first(samples, "ps", B), PSOverlapThroughputModel)
     left = json.loads(json.dumps(first.remembered()))
     assert left["form"] == "ps_overlap" and len(left["configs"]) == 20
@@ -273,13 +273,13 @@ def test_a_past_runs_choice_is_adopted_and_round_trips_through_json(
     monkeypatch.setattr(
         planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
-    nxt = planner_mod.ModelChoice()
+    nxt = planner_mod.ModelChoice("linear")
     assert nxt.adopt(left)
     more = samples + make_samples(train[20:24], truth, noise=0.02, seed=9)
     assert isinstance(nxt(more, "ps", B), PSOverlapThroughputModel) and not runs
     assert not nxt.adopt(left)  # a choice is already made: a later seed is ignored
     # a past run's configurations that are not all measured again: chosen afresh
-    other = planner_mod.ModelChoice()
+    other = planner_mod.ModelChoice("linear")
     assert other.adopt(left)
     other(make_samples(train[1:21], truth, noise=0.02), "ps", B)
     assert len(runs) == 2
@@ -301,7 +301,7 @@ def test_a_past_runs_choice_is_adopted_and_round_trips_through_json(
     ],
 )
 def test_a_malformed_remembered_choice_is_ignored(bad: object) -> None:
-    choice = planner_mod.ModelChoice()
+    choice = planner_mod.ModelChoice("linear")
     assert not choice.adopt(bad)
     assert choice.remembered() is None
 
@@ -318,7 +318,7 @@ def test_remembering_the_choice_cuts_plan_latency_on_noisy_replicates() -> None:
 
     def median_ms(factory: planner_mod.ModelFactory | None) -> float:
         planner = planner_mod.Planner(
-            make_spec(quota={"cpu": 64, "memory": "256Gi"}), model_factory=factory
+            make_linear_spec(quota={"cpu": 64, "memory": "256Gi"}), model_factory=factory
         )
         planner.offline_plan(make_samples(train[:12], truth, noise=0.05))  # chosen here
         times = []
@@ -350,7 +350,7 @@ def test_the_remembered_overlap_form_is_warm_started_from_its_previous_fit(
         return real(s, b, start_from)
 
     monkeypatch.setattr(planner_mod, "_overlap_ps_model", recording)
-    choice = planner_mod.ModelChoice()
+    choice = planner_mod.ModelChoice("linear")
     first = choice(samples, "ps", B)
     assert isinstance(first, PSOverlapThroughputModel)
     assert all(s is None for s in starts)  # choosing: cold fits (the full one, the folds)
@@ -383,7 +383,7 @@ def test_plan_takes_under_10_ms_on_noisy_replicates_of_an_overlap_job() -> None:
     train, _ = split()
     truth = overlap_truth(OV_COEF, 2.5)
     configs = train[:16]
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     exact = exact_samples(PS_COEF, GRID_CONFIGS)
 
     def round_ms(seed: int) -> tuple[float, float, float]:
@@ -437,8 +437,8 @@ def test_a_recurring_jobs_initial_plan_starts_from_the_last_runs_model_choice(
     train, _ = split()
     truth = overlap_truth(OV_COEF, 2.5)
     samples = make_samples(train[:20], truth, noise=0.02)
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
-    first = planner_mod.ModelChoice()
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
+    first = planner_mod.ModelChoice("linear")
     first(samples, "ps", B)
     left = first.remembered()
     assert left is not None and left["form"] == "ps_overlap"

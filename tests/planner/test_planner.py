@@ -31,7 +31,7 @@ from tests.factories import (
     key_of,
     make_obs,
     make_plan,
-    make_spec,
+    make_linear_spec,
     ps_throughput,
     samples_at,
 )
@@ -51,7 +51,7 @@ def planner_with(
     def factory(samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
         return model
 
-    js = make_spec(**{"quota": QUOTA, **spec})
+    js = make_linear_spec(**{"quota": QUOTA, **spec})
     cfg = PlannerConfig.from_spec(js, **(config or {}))
     return Planner(js, cfg, model_factory=factory)
 
@@ -75,7 +75,7 @@ def test_sampling_proposes_a_new_config_until_the_partial_model_serves() -> None
     configuration. One configuration identifies nothing, so the planner samples a second;
     from two on, the identifiable part of the model is fitted and serves inside its span
     (issue 10: sampling pays for itself), so sampling stops well before five configs."""
-    spec = make_spec()
+    spec = make_linear_spec()
     planner = Planner(spec)
     plan = planner.initial_plan(now_s=0.0)
     history = [plan]
@@ -110,7 +110,7 @@ def test_sampling_proposes_a_new_config_until_the_partial_model_serves() -> None
 
 def test_sampling_never_leaves_the_quota() -> None:
     # doubling 3 workers of 3 CPU would need 21 CPU; the quota is 12: that move is skipped
-    spec = make_spec(quota={"cpu": 12, "memory": "40Gi"})
+    spec = make_linear_spec(quota={"cpu": 12, "memory": "40Gi"})
     planner = Planner(spec)
     current = make_plan((3, 3000, 4096), (1, 2000, 4096), created_at_s=0.0)
     d = planner.replan(current, [], truth_at(current), now_s=20.0, past_plans=[current])
@@ -309,7 +309,7 @@ def test_scaling_keeps_migrations_only_for_an_unchanged_ps_set() -> None:
 
 
 def test_offline_plan_without_identifying_samples_keeps_stage_1() -> None:
-    spec = make_spec()
+    spec = make_linear_spec()
     planner = Planner(spec)
     base = planner.initial_plan()
     plan = planner.offline_plan(truth_at(base, reps=3))  # one configuration only
@@ -320,7 +320,7 @@ def test_offline_plan_without_identifying_samples_keeps_stage_1() -> None:
 
 
 def test_offline_plan_uses_profiled_samples() -> None:
-    spec = make_spec(quota=QUOTA)
+    spec = make_linear_spec(quota=QUOTA)
     plan = Planner(spec).offline_plan(exact_samples(WB, GRID_CONFIGS))
     assert plan.stage is Stage.SCALING
     assert plan.total.fits_in(spec.quota.resources)
@@ -331,7 +331,7 @@ def test_offline_plan_uses_profiled_samples() -> None:
 
 
 def test_plans_round_trip_through_json() -> None:
-    spec = make_spec(quota=QUOTA)
+    spec = make_linear_spec(quota=QUOTA)
     plan = Planner(spec).offline_plan(exact_samples(WB, GRID_CONFIGS), now_s=3.0)
     assert ResourcePlan.from_dict(plan.to_dict()) == plan
 
@@ -354,13 +354,13 @@ def _median_ms(fn: Any, n: int = 50) -> float:
 
 def test_offline_plan_takes_under_10_ms() -> None:
     # the default spec (64 workers, 15 PS, 12 CPU levels) and a real NNLS fit every call
-    planner = Planner(make_spec(quota=QUOTA))
+    planner = Planner(make_linear_spec(quota=QUOTA))
     samples = exact_samples(WB, GRID_CONFIGS)
     assert _median_ms(lambda: planner.offline_plan(samples)) < 10.0
 
 
 def test_replan_takes_under_10_ms() -> None:
-    planner = Planner(make_spec(quota=QUOTA))
+    planner = Planner(make_linear_spec(quota=QUOTA))
     samples = exact_samples(WB, GRID_CONFIGS) + truth_at(CURRENT)
     obs = [make_obs(10.0, ps_util=[0.5], worker_speeds=[100, 100])]
 
@@ -405,7 +405,9 @@ def test_offline_and_replanned_plans_respect_quota_and_pins(
     if p_cpu_pin is not None:
         constraints["ps"]["cpu"] = p_cpu_pin
     try:
-        spec = make_spec(quota={"cpu": cpu, "memory": f"{mem_gib}Gi"}, constraints=constraints)
+        spec = make_linear_spec(
+            quota={"cpu": cpu, "memory": f"{mem_gib}Gi"}, constraints=constraints
+        )
     except SpecError:
         assume(False)
         return
@@ -426,7 +428,7 @@ def test_offline_and_replanned_plans_respect_quota_and_pins(
 def test_configurations_measured_by_past_runs_are_not_sampled_again() -> None:
     """Prior samples (a past run of the job) count as sampled: the next sampling move skips
     them."""
-    spec = make_spec()
+    spec = make_linear_spec()
     planner = Planner(spec)
     plan = planner.initial_plan(now_s=0.0)
     here = exact_samples(WB, [(k[0], k[1], k[2] / 1000, k[3] / 1000) for k in [key_of(plan)]], 2)

@@ -18,7 +18,7 @@ from tests.factories import (
     fitted_model,
     key_of,
     make_plan,
-    make_spec,
+    make_linear_spec,
     node,
     objective,
     ps_throughput,
@@ -63,7 +63,7 @@ def brute_force(
 @pytest.mark.parametrize("truth", sorted(TRUTHS))
 def test_search_picks_the_grid_argmax(truth: str, quota: dict[str, Any]) -> None:
     coef = TRUTHS[truth]
-    spec = make_spec(
+    spec = make_linear_spec(
         quota=quota,
         constraints={
             "workers": {"max": 8, "memory": f"{W_MEM}Mi"},
@@ -97,7 +97,7 @@ def test_cost_in_core_equivalents() -> None:
 
 def test_search_result_gain_is_the_objective_ratio() -> None:
     coef = TRUTHS["worker-bound"]
-    spec = make_spec(quota={"cpu": 16, "memory": "64Gi"})
+    spec = make_linear_spec(quota={"cpu": 16, "memory": "64Gi"})
     bounds = JobBounds.from_spec(spec)
     current = make_plan((1, 1000, 2048), (1, 1000, 2048))
     res = search(fitted_model(coef), current, bounds, PlannerConfig(), 2048, lambda p: 2048)
@@ -122,7 +122,7 @@ def test_search_result_gain_is_the_objective_ratio() -> None:
 )
 def test_search_limits(limits: SearchLimits, check: str) -> None:
     coef = TRUTHS["worker-bound"]
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     bounds = JobBounds.from_spec(spec)
     current = make_plan((2, 1000, 2048), (1, 2000, 4096))
     free = search(fitted_model(coef), current, bounds, PlannerConfig(), 2048, lambda p: 4096)
@@ -140,7 +140,7 @@ def test_search_limits(limits: SearchLimits, check: str) -> None:
 
 def test_ps_capacity_floor_blocks_workers_unless_ps_grow() -> None:
     coef = TRUTHS["worker-bound"]
-    spec = make_spec(quota={"cpu": 64, "memory": "256Gi"})
+    spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
     bounds = JobBounds.from_spec(spec)
     current = make_plan((2, 1000, 2048), (1, 2000, 4096))
     floor = SearchLimits(ps_capacity_floor=2000.0)
@@ -153,7 +153,7 @@ def test_ps_capacity_floor_blocks_workers_unless_ps_grow() -> None:
 
 
 def test_search_with_no_feasible_configuration_keeps_the_current_one() -> None:
-    spec = make_spec(quota={"cpu": 1, "memory": "1Gi"})
+    spec = make_linear_spec(quota={"cpu": 1, "memory": "1Gi"})
     current = make_plan((1, 500, 512), (1, 500, 512))
     res = search(
         fitted_model(TRUTHS["worker-bound"]),
@@ -172,7 +172,7 @@ def test_search_with_no_feasible_configuration_keeps_the_current_one() -> None:
 
 def test_sampling_candidates_vary_one_input_at_a_time() -> None:
     """Without observations the CPU moves double (nothing says the nodes use less)."""
-    spec = make_spec()
+    spec = make_linear_spec()
     current = make_plan((2, 2000, 4096), (1, 2000, 8192))
     got = [
         (w.count, w.resources.cpu_millicores, p.count, p.resources.cpu_millicores, what)
@@ -193,7 +193,7 @@ def test_sampling_candidates_vary_one_input_at_a_time() -> None:
 
 
 def test_sampling_moves_cpu_towards_what_idle_nodes_use() -> None:
-    spec = make_spec()
+    spec = make_linear_spec()
     current = make_plan((2, 2000, 4096), (1, 4000, 8192))
     idle = Observation(
         10.0,
@@ -222,7 +222,7 @@ def test_workers_grown_for_the_ps_take_the_cpu_they_use(worker_util: float, cpu:
     would be 85 % busy: ceil(1 × 0.85 / 0.1) = 9 (≤ 1 + 8). The worker uses 3 of its 16 CPU
     (< 60 %): the 9 get 3000 × 1.3 = 3900 -> nearest level 4000 each, not 16 idle ones; a
     worker using 80 % keeps its 16."""
-    spec = make_spec(quota={"cpu": 512, "memory": "2048Gi"})
+    spec = make_linear_spec(quota={"cpu": 512, "memory": "2048Gi"})
     current = make_plan((1, 16000, 4096), (1, 16000, 8192))
     obs = Observation(
         10.0,
@@ -242,7 +242,7 @@ def test_workers_grown_for_the_ps_take_the_cpu_they_use(worker_util: float, cpu:
 
 
 def test_allreduce_sampling_has_no_ps_moves() -> None:
-    spec = make_spec(strategy="allreduce")
+    spec = make_linear_spec(strategy="allreduce")
     current = make_plan((2, 2000, 4096), (0, 2000, 0))
     whats = [
         what
@@ -271,7 +271,7 @@ def test_more_ps_than_the_warm_plan_keep_its_memory_per_ps_before_the_job_runs()
     3 × 6 GiB PS are the last run's peak × margin, and how much of that is a fixed part per
     PS is unknown, so more PS keep 6 GiB each (at 3/4 of it, a warm 5 × 2048 MiB PS set
     moved to 8 × 1536 MiB OOMed at the start); fewer PS share its total."""
-    spec = make_spec(quota={"cpu": 256, "memory": "512Gi"})
+    spec = make_linear_spec(quota={"cpu": 256, "memory": "512Gi"})
     planner = Planner(spec)
     model = fitted_model(TRUTHS["ps-bound"])
     for count, per_ps in ((3, 6144), (12, 1024)):
