@@ -18,7 +18,7 @@ from dlrover_core.planner.planner import (
 )
 from dlrover_core.planner.scaling import bottleneck_candidates
 from dlrover_core.types import Stage
-from tests.factories import GRID_CONFIGS, exact_samples, make_obs, make_plan, make_linear_spec
+from tests.factories import GRID_CONFIGS, exact_samples, make_linear_spec, make_obs, make_plan
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from dlrover_core.planner.planner import (
 )
 from dlrover_core.planner.scaling import search
 from dlrover_core.types import Sample
-from tests.factories import GRID_CONFIGS, exact_samples, make_plan, make_linear_spec
+from tests.factories import GRID_CONFIGS, exact_samples, make_linear_spec, make_plan
 from tests.model.test_model_overlap import OV_COEF, overlap_truth
 from tests.model.test_model_throughput import PS_COEF, B, make_samples, split
 

@@ -29,9 +29,9 @@ from tests.factories import (
     exact_samples,
     fitted_model,
     key_of,
+    make_linear_spec,
     make_obs,
     make_plan,
-    make_linear_spec,
     ps_throughput,
     samples_at,
 )
