@@ -49,7 +49,7 @@ W = (2, 4, 8, 12, 16, 24, 32)
 P = (1, 2, 3, 4, 6)
 LW = (1.0, 2.0, 4.0, 8.0)
 LP = (2.0, 4.0, 8.0, 16.0)
-STRATEGIES = ("ps", "ps_extended", "ps_overlap")
+STRATEGIES = ("ps", "ps_extended", "ps_overlap", "ps_bottleneck")
 
 Config = tuple[int, int, float, float]
 Fitter = Callable[[list[Sample], int], ThroughputModel]

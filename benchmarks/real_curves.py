@@ -35,7 +35,7 @@ from dlrover_core.errors import DLRoverError
 from dlrover_core.model.throughput import fit_throughput_model
 from dlrover_core.types import Sample
 
-STRATEGIES = ("ps", "ps_extended", "ps_overlap")
+STRATEGIES = ("ps", "ps_extended", "ps_overlap", "ps_bottleneck")
 EXTRAPOLATE_FROM = 0.65  # fit on workers <= this share of the largest worker count
 
 

@@ -51,7 +51,7 @@ MULTI_POLICIES = (MANUAL, PEER, ORACLE, OURS)
 # see the module docstring
 TUNED_ON = (
     0, 1, 2, 3, *range(101, 112), *range(201, 212), *range(301, 312), *range(401, 412),
-    *range(501, 512), *range(601, 612),
+    *range(501, 512), *range(601, 612), *range(701, 712), 801,
 )  # fmt: skip
 
 
