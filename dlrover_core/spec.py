@@ -557,6 +557,21 @@ class PlannerSpec(_Strict):
         default=None, ge=0,
         description="a PS OOM predicted this far ahead waits for the next move (1800; 0: never)",
     )  # fmt: skip
+    cold_start: Literal["prior", "dlrover"] | None = Field(
+        default=None,
+        description=(
+            "a PS job's first run: 'prior' (counts and CPUs from the bottleneck model's "
+            "priors) or 'dlrover' (1 worker + min PS) (prior)"
+        ),
+    )
+    prior_start_elasticity: float | None = Field(
+        default=None, gt=0, le=4,
+        description="the objective's θ for the 'prior' first run (0.8)",
+    )  # fmt: skip
+    memory_shrink_below: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="memory measured under this share of the allocation is shrunk (0.7; 0: never)",
+    )  # fmt: skip
     throughput_form: Literal["bottleneck", "linear"] | None = Field(
         default=None,
         description=(

@@ -1390,6 +1390,20 @@ class PSBottleneckThroughputModel(PSThroughputModel):
         self._cache()
         return self
 
+    @classmethod
+    def from_priors(
+        cls, config: tuple[int, int, float, float], batch_size: int = 512, **params: float
+    ) -> Self:
+        """The model before any measurement: fitted to one placeholder of 1 sample/s at
+        ``config`` (workers, ps, worker CPU, PS CPU). The rate's prior is flat, so the MAP
+        puts every other parameter at its prior centre and the rate where the placeholder
+        says: only ratios of its predictions mean anything. That is enough to choose a
+        first configuration by an objective the rate's scale does not move (the planner's
+        log X − θ·log cost)."""
+        w, p, lw, lp = config
+        one = Sample(int(w), int(p), float(lw), float(lp), 1.0, batch_size=batch_size)
+        return cls(batch_size=batch_size, **params).fit([one])
+
     # ----------------------------------------------------------------- predict
     @property
     def coef_(self) -> dict[str, float]:

@@ -15,6 +15,13 @@ class PlannerConfig:
     cold_fraction: float = 0.2
     cold_max_cpu_millicores: int = 16_000
     cold_max_memory_mib: int = 8_192
+    # ours: "prior" sizes the counts and CPUs of a PS job's first run (no similar run with
+    # samples) by the bottleneck model at its prior centres, DLRover's memory per node kept;
+    # "dlrover" keeps DLRover's 1 worker + min PS. Only with throughput_form "bottleneck".
+    cold_start: str = "prior"
+    # ... and the objective's θ for it (ours: 0.8, more frugal than min_elasticity while
+    # only the priors speak; 0.7-0.9 measure alike on the tuning traces, 1.0+ is worse)
+    prior_start_elasticity: float = 0.8
     # --- stage 1: warm start ----------------------------------------------------------
     major_cluster_fraction: float = 0.5  # keep >= this share of values nearest the median
     # per-worker CPU = what a worker used in the final configuration × margin
@@ -33,6 +40,10 @@ class PlannerConfig:
     throughput_form: str = "bottleneck"
     memory_gib_per_core: float = 4.0  # 1 core costs as much as 4 GiB (cloud price ratio)
     min_gain: float = 0.03  # change only if the objective improves by ≥ 3 % (hysteresis)
+    # ours: with no move worth it, memory per node measured (max used × margin; the PS's
+    # end-of-training fit) under this share of what is allocated is shrunk, once the saving
+    # weighs (θ·Δlog cost) more than twice the pause over the time left. 0: never
+    memory_shrink_below: float = 0.7
     max_worker_step: int = 8  # DLRover: ≤ +8 workers per step
     # ... or this share of the current count when larger (ours: a job whose best size is
     # 100+ workers needs a dozen +8 steps, each a pause and a re-plan interval)

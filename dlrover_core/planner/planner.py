@@ -53,6 +53,7 @@ REVERT_ACTION = "revert"
 BOTTLENECK_ACTION = "bottleneck"
 BEST_MEASURED_ACTION = "best_measured"
 STALL_ACTION = "stall_probe"
+MEMORY_ACTION = "memory_shrink"
 
 ModelFactory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 
@@ -372,7 +373,7 @@ class Planner:
         runs = similar_runs(self.spec, history, now_s, self.config.history_window_s)
         prior = _samples_of(runs)
         if not prior:
-            return base
+            return self._prior_start(base) if base.stage is Stage.COLD_START else base
         self._adopt_model_choice(runs)
         model, _ = self._fit(prior)
         if model is None or not model.trustworthy(self.config.max_trust_rel_error):
@@ -382,6 +383,46 @@ class Planner:
             base, res, model, now_s, prefix=f"model from {len(prior)} samples of earlier runs"
         )
         return plan.replace(stage=base.stage, reasons=(*base.reasons, *plan.reasons))
+
+    def _prior_start(self, base: ResourcePlan) -> ResourcePlan:
+        """A PS job's first run with the counts and CPUs that maximise the objective under
+        the bottleneck model at its prior centres (``cold_start: prior``), memory per node as
+        DLRover's cold start sizes it (what the job will use is not known yet). The rate is
+        unknown before the first sample, and the objective's best configuration does not
+        depend on it. The shape comes from the priors alone, so the objective is more
+        frugal here (``prior_start_elasticity`` > ``min_elasticity``): past the knee the
+        cost is certain and the gain is not; the first samples correct it as usual."""
+        cfg = self.config
+        if (
+            cfg.cold_start != "prior"
+            or cfg.throughput_form != "bottleneck"
+            or self.spec.strategy != "ps"
+            or base.ps.count == 0
+        ):
+            return base
+        model = PSBottleneckThroughputModel.from_priors(
+            scaling.plan_key(base), self.spec.training.batch_size
+        )
+        theta = cfg.prior_start_elasticity
+        res = self._search(model, base, (), scaling.SearchLimits(), base, theta)
+        w, p = res.workers, res.ps
+        if (w, p) == (base.workers, base.ps):
+            return base
+        x0 = res.current_throughput_sps
+        ratio = f", {res.throughput_sps / x0:.1f}× the default's speed by it" if x0 > 0 else ""
+        return base.replace(
+            workers=w,
+            ps=p,
+            reasons=(
+                *base.reasons,
+                f"prior-optimal start instead: {w.count} worker(s) × "
+                f"{w.resources.cpu_cores:g} CPU, {p.count} PS × {p.resources.cpu_cores:g} CPU "
+                f"maximise log(throughput) − {theta}·log(cost) over "
+                f"{res.evaluated} configurations under the bottleneck model at its prior "
+                f"centres (no sample yet; the best configuration does not depend on the "
+                f"unknown rate){ratio}",
+            ),
+        )
 
     def _adopt_model_choice(self, runs: Sequence[HistoryRecord]) -> None:
         """The newest of the similar ``runs`` with a model-form choice (``extra
@@ -438,7 +479,76 @@ class Planner:
         (on the model's lower band, calibrated to the measured speed) beats its pause. A
         PS memory raise that could wait rides along with the change (``ps_memory_along``)."""
         d = self._replan(current, observations, samples, now_s, past_plans, prior_samples)
+        if d.plan is None:
+            shrunk = self._memory_shrink(current, observations, samples, now_s)
+            if shrunk is not None:
+                d = PlanDecision(shrunk, d.notes, d.model)
         return self._memory_along(current, observations, d)
+
+    def _memory_shrink(
+        self,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+    ) -> ResourcePlan | None:
+        """No other move: memory per node the job measurably does not need, given back when
+        the saving pays for the restart (``memory_shrink_below``). Workers: max used ×
+        margin; PS: the memory fit's busiest PS at the end of training × margin. Only from
+        a settled configuration of this run (its speed samples taken), never over per-node
+        overrides (an OOM raise of one node stays), and the need is what a later raise
+        would size too, so a shrink is not undone without new evidence."""
+        cfg, bounds = self.config, self.bounds
+        if (
+            cfg.memory_shrink_below <= 0
+            or self.spec.strategy != "ps"
+            or not observations
+            or current.stage is Stage.SAMPLING
+            or current.overrides
+            or now_s - current.created_at_s < cfg.replan_interval_s
+        ):
+            return None
+        here = scaling.samples_at(samples, scaling.plan_key(current))
+        left_s = _remaining_s(observations, here)
+        if len(here) < cfg.min_speed_samples or not left_s:
+            return None
+        fit, w_need = self._memory_fits(observations)
+        workers, ps = current.workers, current.ps
+        notes = []
+        have = workers.resources.memory_mib
+        if bounds.workers.pinned_memory_mib is None and w_need < cfg.memory_shrink_below * have:
+            workers = RolePlan(workers.count, NodeResources(workers.resources.cpu_millicores,
+                                                            w_need))  # fmt: skip
+            notes.append(f"worker memory {have} → {w_need} MiB (max used × margin)")
+        have = ps.resources.memory_mib
+        if ps.count and bounds.ps.pinned_memory_mib is None:
+            p_need = ceil_mib(self._fitted_ps_memory(fit, ps.count, self._last_summaries[-1:]))
+            if p_need < cfg.memory_shrink_below * have:
+                ps = RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, p_need))
+                notes.append(
+                    f"PS memory {have} → {p_need} MiB (busiest PS at the end of training × "
+                    f"margin, memory model {fit.source})"
+                )
+        workers, ps, _ = bounds.fit(workers, ps)
+        if (workers, ps) == (current.workers, current.ps):
+            return None
+        g = cfg.memory_gib_per_core
+        saved = 1.0 - _plan_cost(workers, ps, g) / _plan_cost(current.workers, current.ps, g)
+        gain = -cfg.min_elasticity * math.log1p(-saved)  # θ·Δlog cost
+        pause = cfg.ps_change_pause_s if ps != current.ps else cfg.worker_change_pause_s
+        if gain < 2 * pause / left_s:
+            return None
+        return current.replace(
+            workers=workers,
+            ps=ps,
+            stage=Stage.SCALING,
+            created_at_s=now_s,
+            action=MEMORY_ACTION,
+            reasons=(
+                f"memory right-sizing: {'; '.join(notes)}; cost −{saved:.0%} for a "
+                f"{pause:.0f} s pause with ~{left_s / 60:.0f} min left",
+            ),
+        )
 
     def _memory_along(
         self, current: ResourcePlan, observations: Sequence[Observation], d: PlanDecision
@@ -972,9 +1082,13 @@ class Planner:
         observations: Sequence[Observation],
         limits: scaling.SearchLimits,
         memory_from: ResourcePlan | None = None,
+        elasticity: float | None = None,
     ) -> scaling.SearchResult:
-        """``memory_from``: before the job runs, size memory from this (warm/cold) plan."""
+        """``memory_from``: before the job runs, size memory from this (warm/cold) plan.
+        ``elasticity``: the objective's θ, when not the configured one."""
         cfg = self.config
+        if elasticity is not None:
+            cfg = dataclasses.replace(cfg, min_elasticity=elasticity)
         fit, w_mem = self._memory_fits(observations)
         sums = self._last_summaries[-1:] if observations else []
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from dlrover_core.errors import SpecError
 from dlrover_core.planner import Planner, PlannerConfig, major_cluster_mean
 from dlrover_core.planner.warm_start import cold_start, similar_runs, warm_start
+from dlrover_core.spec import JobSpec
 from dlrover_core.types import HistoryRecord, NodeResources, Sample, Stage
 from tests.factories import make_plan, make_spec
 
@@ -60,6 +61,11 @@ BIG_TABLES: dict[str, Any] = {
 }
 
 
+def dlrover_cold(spec: JobSpec) -> PlannerConfig:
+    """DLRover's cold start (1 worker + min PS), not the default prior-optimal one."""
+    return PlannerConfig.from_spec(spec, cold_start="dlrover")
+
+
 @pytest.mark.parametrize(
     ("overrides", "workers", "ps"),
     [
@@ -91,7 +97,7 @@ def test_cold_start(
     overrides: dict[str, Any], workers: tuple[int, int, int], ps: tuple[int, int, int]
 ) -> None:
     spec = make_spec(**overrides)
-    plan = Planner(spec).initial_plan(history=(), now_s=123.0)
+    plan = Planner(spec, dlrover_cold(spec)).initial_plan(history=(), now_s=123.0)
     assert plan.stage is Stage.COLD_START
     assert plan.created_at_s == 123.0
     assert (plan.workers.count, *plan.workers.resources.to_dict().values()) == workers
@@ -106,6 +112,61 @@ def test_cold_start_shrinks_into_a_small_quota() -> None:
     plan = Planner(spec).initial_plan()
     assert plan.ps.resources.memory_mib == 9216  # pinned: kept
     assert plan.total.fits_in(spec.quota.resources)
+
+
+# --- the prior-optimal start (the default for PS jobs) ----------------------------------------
+
+
+def test_prior_start_sizes_counts_and_cpu_keeps_memory_and_fits_the_quota() -> None:
+    """A first run with room: the bottleneck model's priors choose more than DLRover's 1 + 1,
+    with the cold start's memory per node (what the job uses is not known yet), inside the
+    quota, and the reasons say which rule chose it."""
+    spec = make_spec(quota={"cpu": 200, "memory": "800Gi"})
+    dl = Planner(spec, dlrover_cold(spec)).initial_plan()
+    plan = Planner(spec).initial_plan()
+    assert plan.stage is Stage.COLD_START
+    assert plan.workers.count > 1 and plan.total.cpu_millicores > dl.total.cpu_millicores
+    assert plan.workers.resources.memory_mib == dl.workers.resources.memory_mib
+    assert plan.ps.resources.memory_mib >= dl.ps.resources.memory_mib
+    assert plan.total.fits_in(spec.quota.resources)
+    assert any(r.startswith("prior-optimal start instead: ") for r in plan.reasons)
+    # the same for any rate: the choice does not depend on how fast the job turns out to be
+    again = Planner(spec).initial_plan()
+    assert (again.workers, again.ps) == (plan.workers, plan.ps)
+
+
+def test_prior_start_is_more_frugal_than_the_running_objective() -> None:
+    """θ for the prior start (0.8 by default) above min_elasticity buys fewer cores."""
+    spec = make_spec(quota={"cpu": 400, "memory": "1600Gi"})
+    lean = Planner(spec).initial_plan()
+    rich = Planner(spec, PlannerConfig.from_spec(spec, prior_start_elasticity=0.35))
+    assert lean.total.cpu_millicores < rich.initial_plan().total.cpu_millicores
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"strategy": "allreduce"},
+        {"planner": {"throughput_form": "linear"}},
+        {"planner": {"cold_start": "dlrover"}},
+    ],
+)
+def test_prior_start_only_for_ps_jobs_on_the_bottleneck_form(overrides: dict[str, Any]) -> None:
+    spec = make_spec(quota={"cpu": 200, "memory": "800Gi"}, **overrides)
+    plan = Planner(spec).initial_plan()
+    assert plan.workers.count == 1
+    assert not any("prior-optimal" in r for r in plan.reasons)
+
+
+def test_prior_start_keeps_pins() -> None:
+    spec = make_spec(
+        quota={"cpu": 200, "memory": "800Gi"},
+        constraints__workers={"cpu": 3, "max": 5},
+        constraints__ps={"count": 2},
+    )
+    plan = Planner(spec).initial_plan()
+    assert plan.workers.resources.cpu_millicores == 3000 and plan.workers.count <= 5
+    assert plan.ps.count == 2
 
 
 # --- warm start ------------------------------------------------------------------------------

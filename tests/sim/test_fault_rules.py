@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from dlrover_core.faults import DEFAULT_FAULT_POLICY, ExitClass, FaultPolicy
+from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.sim import Engine, EngineConfig, cluster_capacity, generate_trace
 from dlrover_core.sim.engine import _Run
 from dlrover_core.sim.rm_policy import DLRoverRMPolicy
@@ -62,7 +63,8 @@ class _RuntimeLedger:
 def _started_run(faults: FaultPolicy) -> tuple[Engine, _Run]:
     jobs = generate_trace(4, 21)
     job = jobs[0]
-    policy = DLRoverRMPolicy(faults=faults)
+    # DLRover's cold start (1 worker + 1 PS): the scenarios below are about its single PS
+    policy = DLRoverRMPolicy(PlannerConfig(cold_start="dlrover"), faults=faults)
     engine = Engine([job], policy, cluster_capacity(jobs), 21, EngineConfig(faults=faults))
     run = engine.runs[0]
     engine._arrive(run, job.submit_s)
