@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_core.errors import InputError
-from dlrover_core.planner import Planner
+from dlrover_core.planner import Planner, PlannerConfig
 from dlrover_core.planner.scaling import plan_key, sampling_candidates
 from dlrover_core.runtime.cgroup import MASTER_SHARE, CgroupLimits, describe
 from dlrover_core.spec import JobSpec, load_spec, spec_to_dict
@@ -82,8 +82,10 @@ def fit_trials(
 
 
 def profile_configs(spec: JobSpec, n: int = 6) -> list[ResourcePlan]:
-    """The cold-start plan and the sampling moves from it, distinct and inside the quota."""
-    planner = Planner(spec)
+    """DLRover's cold-start plan (1 worker + min PS) and the sampling moves from it, distinct
+    and inside the quota: short trials from the smallest configuration up, spread over the
+    inputs, whatever first configuration the job itself would start from."""
+    planner = Planner(spec, PlannerConfig.from_spec(spec, cold_start="dlrover"))
     base = planner.initial_plan()
     plans = [base]
     seen = {plan_key(base)}
