@@ -1124,7 +1124,7 @@ class Planner:
             f"{self.config.min_elasticity}·log(cost) over {res.evaluated} configurations",
             (
                 f"predicted {res.throughput_sps:,.0f} samples/s vs "
-                f"{res.current_throughput_sps:,.0f} now (objective +{res.gain:.1%}; "
+                f"{res.current_throughput_sps:,.0f} now (objective {res.gain:+.1%}; "
                 f"model error {model.relative_error_:.1%})"
                 if res.current_throughput_sps > 0 and math.isfinite(res.gain) and res.gain < 100
                 else f"predicted {res.throughput_sps:,.0f} samples/s (the current "
