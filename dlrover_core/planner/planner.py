@@ -514,11 +514,11 @@ class Planner:
             return None
         fit, w_need = self._memory_fits(observations)
         workers, ps = current.workers, current.ps
-        notes = []
+        notes: list[str] = []
         have = workers.resources.memory_mib
         if bounds.workers.pinned_memory_mib is None and w_need < cfg.memory_shrink_below * have:
-            workers = RolePlan(workers.count, NodeResources(workers.resources.cpu_millicores,
-                                                            w_need))  # fmt: skip
+            w_cpu = workers.resources.cpu_millicores
+            workers = RolePlan(workers.count, NodeResources(w_cpu, w_need))
             notes.append(f"worker memory {have} → {w_need} MiB (max used × margin)")
         have = ps.resources.memory_mib
         if ps.count and bounds.ps.pinned_memory_mib is None:
