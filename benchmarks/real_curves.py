@@ -33,9 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.throughput import fit_throughput_model
+from dlrover_core.planner.planner import ModelChoice
 from dlrover_core.types import Sample
 
-STRATEGIES = ("ps", "ps_extended", "ps_overlap", "ps_bottleneck")
+# "planner": the planner's own choice (ModelChoice, the default throughput_form): the
+# bottleneck form, or the linear forms where cross-validation on the fitted points says so
+STRATEGIES = ("ps", "ps_extended", "ps_overlap", "ps_bottleneck", "planner")
 EXTRAPOLATE_FROM = 0.65  # fit on workers <= this share of the largest worker count
 
 
@@ -61,7 +64,10 @@ def read_curves(path: Path) -> dict[str, list[Sample]]:
 def _predict(train: list[Sample], test: list[Sample], strategy: str) -> list[float] | str:
     try:
         b = train[0].batch_size or 512
-        m = fit_throughput_model(train, strategy, batch_size=b)
+        if strategy == "planner":
+            m = ModelChoice()(train, "ps", b)
+        else:
+            m = fit_throughput_model(train, strategy, batch_size=b)
         cfg = np.array(
             [[t.workers, t.ps, t.worker_cpu_cores, t.ps_cpu_cores, t.batch_size] for t in test],
             dtype=float,

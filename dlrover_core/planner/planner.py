@@ -140,6 +140,38 @@ def held_out_errors(
 
 
 THROUGHPUT_FORMS = ("bottleneck", "linear")
+# from this many distinct configurations the bottleneck form is cross-validated against
+# the linear forms (leave one configuration out: each fold keeps two to fit from)
+SELECT_MIN_CONFIGS = 3
+# the linear forms replace it only when their mean held-out error is at most this share
+# of its own and lower by SELECT_MIN_GAIN: the bottleneck form's priors are what make a
+# first run's plan, so it is kept unless the job's own measurements clearly contradict them
+SELECT_MAX_RATIO = 0.5
+SELECT_MIN_GAIN = 0.02
+
+
+def linear_predicts_better(
+    samples: Sequence[Sample], batch_size: int, bottleneck: PSBottleneckThroughputModel
+) -> bool:
+    """Whether the linear baseline form (:func:`_baseline_ps_model`) predicts held-out
+    configurations clearly better than the bottleneck form (``bottleneck``: its fit to all
+    ``samples``, which warm-starts the folds' fits): mean errors over the configurations
+    both can predict, by ``SELECT_MAX_RATIO`` and ``SELECT_MIN_GAIN``."""
+
+    def fit_bottleneck(s: Sequence[Sample]) -> ThroughputModel:
+        return PSBottleneckThroughputModel(batch_size=batch_size).fit(s, start=bottleneck)
+
+    def fit_base(s: Sequence[Sample]) -> ThroughputModel:
+        return _baseline_ps_model(s, batch_size)
+
+    e_b = held_out_errors(fit_bottleneck, samples, OVERLAP_FOLDS)
+    e_l = held_out_errors(fit_base, samples, OVERLAP_FOLDS)
+    common = e_b.keys() & e_l.keys()
+    if len(common) < 2:
+        return False
+    mean_b = sum(e_b[c] for c in common) / len(common)
+    mean_l = sum(e_l[c] for c in common) / len(common)
+    return mean_l <= SELECT_MAX_RATIO * mean_b and mean_b - mean_l >= SELECT_MIN_GAIN
 
 
 def default_model_factory(
@@ -216,6 +248,10 @@ class ModelChoice:
         self._overlap = False
         self._last_overlap: PSOverlapThroughputModel | None = None
         self._last_bottleneck: PSBottleneckThroughputModel | None = None
+        # the bottleneck form's cross-validated choice: the configurations it was made
+        # from (None: not made yet) and whether the linear forms won it
+        self._selected_from: frozenset[tuple[int, int, float, float]] | None = None
+        self._use_linear = False
 
     def __call__(
         self, samples: Sequence[Sample], strategy: str, batch_size: int
@@ -223,12 +259,48 @@ class ModelChoice:
         if strategy != "ps":
             return fit_throughput_model(samples, strategy, batch_size=batch_size)
         if self.form == "bottleneck":
-            # one form, nothing to choose: refitted from the previous fit (a few solver steps)
-            bottleneck = PSBottleneckThroughputModel(batch_size=batch_size).fit(
-                samples, start=self._last_bottleneck
-            )
-            self._last_bottleneck = bottleneck
-            return bottleneck
+            return self._bottleneck_or_linear(samples, strategy, batch_size)
+        return self._linear(samples, strategy, batch_size)
+
+    def _fit_bottleneck(
+        self, samples: Sequence[Sample], batch_size: int
+    ) -> PSBottleneckThroughputModel:
+        """Refitted from the previous fit (a few solver steps)."""
+        bottleneck = PSBottleneckThroughputModel(batch_size=batch_size).fit(
+            samples, start=self._last_bottleneck
+        )
+        self._last_bottleneck = bottleneck
+        return bottleneck
+
+    def _bottleneck_or_linear(
+        self, samples: Sequence[Sample], strategy: str, batch_size: int
+    ) -> ThroughputModel:
+        """The bottleneck form, until ``SELECT_MIN_CONFIGS`` distinct configurations let a
+        cross-validation weigh it against the linear forms (:func:`linear_predicts_better`):
+        its priors, drawn for CPU parameter-server jobs, can contradict what a job
+        measures (GPU workers whose PS never saturates: benchmarks/real_curves.py). Chosen
+        again when the configurations grow by ``CHOOSE_AGAIN_GROWTH``."""
+        configs = frozenset(s.config for s in samples)
+        if len(configs) >= SELECT_MIN_CONFIGS and not self._selection_holds(configs):
+            bottleneck = self._fit_bottleneck(samples, batch_size)
+            self._use_linear = linear_predicts_better(samples, batch_size, bottleneck)
+            self._selected_from = configs
+            if not self._use_linear:
+                return bottleneck
+        if self._use_linear and self._selected_from is not None:
+            try:
+                return self._linear(samples, strategy, batch_size)
+            except DLRoverError:
+                pass  # the bottleneck form fits from any samples
+        return self._fit_bottleneck(samples, batch_size)
+
+    def _selection_holds(self, configs: frozenset[tuple[int, int, float, float]]) -> bool:
+        seen = self._selected_from
+        if seen is None or not seen <= configs:
+            return False
+        return configs == seen or len(configs) < CHOOSE_AGAIN_GROWTH * len(seen)
+
+    def _linear(self, samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
         configs = frozenset(s.config for s in samples)
         if configs == self._configs or self._still_chosen(configs):
             if not self._overlap:
@@ -248,24 +320,31 @@ class ModelChoice:
 
     def remembered(self) -> dict[str, Any] | None:
         """The last cross-validated choice, as a past run leaves it in the history (JSON):
-        the form and the configurations it was chosen from; None before any."""
-        seen = self._configs
-        if seen is None or len(seen) < OVERLAP_MIN_CONFIGS:
-            return None
-        return {
-            "form": "ps_overlap" if self._overlap else "ps",
-            "configs": [list(c) for c in sorted(seen)],
-        }
+        the form and the configurations it was chosen from; None before any. With the
+        bottleneck form, the form is "ps_bottleneck" or "linear" (the linear forms won)."""
+        if self.form == "bottleneck":
+            if self._selected_from is None:
+                return None
+            form, seen = ("linear" if self._use_linear else "ps_bottleneck"), self._selected_from
+        else:
+            if self._configs is None or len(self._configs) < OVERLAP_MIN_CONFIGS:
+                return None
+            form, seen = ("ps_overlap" if self._overlap else "ps"), self._configs
+        return {"form": form, "configs": [list(c) for c in sorted(seen)]}
 
     def adopt(self, remembered: Any) -> bool:
         """Start from a past run's choice (:meth:`remembered`, read back from the history)
         when none was made yet: a recurring job's next run then cross-validates again only
-        once its configurations have grown by ``CHOOSE_AGAIN_GROWTH``. Anything malformed
-        is ignored (the choice is made afresh). True when adopted."""
-        if self._configs is not None or not isinstance(remembered, Mapping):
+        once its configurations have grown by ``CHOOSE_AGAIN_GROWTH``. Anything malformed,
+        or a choice this form does not make, is ignored (the choice is made afresh). True
+        when adopted."""
+        if not isinstance(remembered, Mapping):
             return False
         form, raw = remembered.get("form"), remembered.get("configs")
-        if form not in ("ps", "ps_overlap") or not isinstance(raw, list):
+        bottleneck = self.form == "bottleneck"
+        allowed = ("ps_bottleneck", "linear") if bottleneck else ("ps", "ps_overlap")
+        made = self._selected_from if bottleneck else self._configs
+        if made is not None or form not in allowed or not isinstance(raw, list):
             return False
         try:
             configs = frozenset(
@@ -273,11 +352,16 @@ class ModelChoice:
             )
         except (TypeError, ValueError, KeyError, IndexError):
             return False
-        if len(configs) < OVERLAP_MIN_CONFIGS or len(configs) != len(raw):
+        least = SELECT_MIN_CONFIGS if bottleneck else OVERLAP_MIN_CONFIGS
+        if len(configs) < least or len(configs) != len(raw):
             return False
-        self._configs = configs
-        self._overlap = form == "ps_overlap"
-        self._last_overlap = None
+        if bottleneck:
+            self._selected_from = configs
+            self._use_linear = form == "linear"
+        else:
+            self._configs = configs
+            self._overlap = form == "ps_overlap"
+            self._last_overlap = None
         return True
 
     def _still_chosen(self, configs: frozenset[tuple[int, int, float, float]]) -> bool:

@@ -41,7 +41,7 @@ def test_second_run_warm_starts_and_changes_less(tmp_path: Path) -> None:
     assert sampled(second) <= sampled(first), (first["plans"], second["plans"])
 
     # the planner's model-form choice goes into the report and the history (None until it
-    # cross-validated one: from 5 measured configurations), where the next run reads it
+    # cross-validated one: from 3 measured configurations), where the next run reads it
     from dlrover_core.history.store import HistoryStore
 
     assert "model_choice" in first and "model_choice" in second
