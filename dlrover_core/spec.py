@@ -568,6 +568,10 @@ class PlannerSpec(_Strict):
         default=None, gt=0, le=4,
         description="the objective's θ for the 'prior' first run (0.8)",
     )  # fmt: skip
+    prior_start_worker_memory_mib: int | None = Field(
+        default=None, ge=256,
+        description="worker memory (MiB) of the 'prior' first run, at most the cold start's (6144)",
+    )  # fmt: skip
     memory_shrink_below: float | None = Field(
         default=None, ge=0, lt=1,
         description="memory measured under this share of the allocation is shrunk (0.7; 0: never)",

@@ -470,8 +470,9 @@ class Planner:
 
     def _prior_start(self, base: ResourcePlan) -> ResourcePlan:
         """A PS job's first run with the counts and CPUs that maximise the objective under
-        the bottleneck model at its prior centres (``cold_start: prior``), memory per node as
-        DLRover's cold start sizes it (what the job will use is not known yet). The rate is
+        the bottleneck model at its prior centres (``cold_start: prior``): PS memory as
+        DLRover's cold start sizes it, worker memory at ``prior_start_worker_memory_mib``
+        (what the job will use is not known yet). The rate is
         unknown before the first sample, and the objective's best configuration does not
         depend on it. The shape comes from the priors alone, so the objective is more
         frugal here (``prior_start_elasticity`` > ``min_elasticity``): past the knee the
@@ -488,7 +489,16 @@ class Planner:
             scaling.plan_key(base), self.spec.training.batch_size
         )
         theta = cfg.prior_start_elasticity
-        res = self._search(model, base, (), scaling.SearchLimits(), base, theta)
+        # worker memory: the prior start's size (under DLRover's 8 GiB the memory quota and
+        # the memory's price favour few, fat workers), never above the cold start's and
+        # never below the spec's estimate; what a worker measures later resizes it
+        bw = base.workers
+        w_mem = min(bw.resources.memory_mib,
+                    max(cfg.prior_start_worker_memory_mib, self._memory_fits(())[1]))  # fmt: skip
+        sized = base.replace(
+            workers=RolePlan(bw.count, NodeResources(bw.resources.cpu_millicores, w_mem))
+        )
+        res = self._search(model, sized, (), scaling.SearchLimits(), sized, theta)
         w, p = res.workers, res.ps
         if (w, p) == (base.workers, base.ps):
             return base
@@ -500,8 +510,8 @@ class Planner:
             reasons=(
                 *base.reasons,
                 f"prior-optimal start instead: {w.count} worker(s) × "
-                f"{w.resources.cpu_cores:g} CPU, {p.count} PS × {p.resources.cpu_cores:g} CPU "
-                f"maximise log(throughput) − {theta}·log(cost) over "
+                f"{w.resources.cpu_cores:g} CPU × {w.resources.memory_mib} MiB, {p.count} PS × "
+                f"{p.resources.cpu_cores:g} CPU maximise log(throughput) − {theta}·log(cost) over "
                 f"{res.evaluated} configurations under the bottleneck model at its prior "
                 f"centres (no sample yet; the best configuration does not depend on the "
                 f"unknown rate){ratio}",

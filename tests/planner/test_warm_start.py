@@ -117,27 +117,52 @@ def test_cold_start_shrinks_into_a_small_quota() -> None:
 # --- the prior-optimal start (the default for PS jobs) ----------------------------------------
 
 
-def test_prior_start_sizes_counts_and_cpu_keeps_memory_and_fits_the_quota() -> None:
+def test_prior_start_sizes_counts_and_cpu_and_fits_the_quota() -> None:
     """A first run with room: the bottleneck model's priors choose more than DLRover's 1 + 1,
-    with the cold start's memory per node (what the job uses is not known yet), inside the
-    quota, and the reasons say which rule chose it."""
+    with the cold start's PS memory and ``prior_start_worker_memory_mib`` per worker (what
+    the job uses is not known yet), inside the quota, and the reasons say which rule chose
+    it."""
     spec = make_spec(quota={"cpu": 200, "memory": "800Gi"})
     dl = Planner(spec, dlrover_cold(spec)).initial_plan()
     plan = Planner(spec).initial_plan()
     assert plan.stage is Stage.COLD_START
     assert plan.workers.count > 1 and plan.total.cpu_millicores > dl.total.cpu_millicores
-    assert plan.workers.resources.memory_mib == dl.workers.resources.memory_mib
+    assert dl.workers.resources.memory_mib == 8192
+    assert plan.workers.resources.memory_mib == PlannerConfig().prior_start_worker_memory_mib
     assert plan.ps.resources.memory_mib >= dl.ps.resources.memory_mib
     assert plan.total.fits_in(spec.quota.resources)
     assert any(r.startswith("prior-optimal start instead: ") for r in plan.reasons)
+    assert any("× 6144 MiB" in r for r in plan.reasons)
     # the same for any rate: the choice does not depend on how fast the job turns out to be
     again = Planner(spec).initial_plan()
     assert (again.workers, again.ps) == (plan.workers, plan.ps)
 
 
+def test_prior_start_worker_memory_between_the_specs_estimate_and_the_cold_start() -> None:
+    """Less worker memory lets the memory quota hold more, thinner workers; it is never
+    above the cold start's (a small quota's fifth) nor below the spec's own estimate."""
+    spec = make_spec(quota={"cpu": 200, "memory": "800Gi"})
+    big = Planner(spec, PlannerConfig.from_spec(spec, prior_start_worker_memory_mib=8192))
+    fat = big.initial_plan()
+    thin = Planner(spec).initial_plan()
+    assert thin.workers.resources.memory_mib < fat.workers.resources.memory_mib
+    assert thin.workers.count >= fat.workers.count
+    # the spec's estimate is the floor: a setting under it is raised to it
+    low = Planner(spec, PlannerConfig.from_spec(spec, prior_start_worker_memory_mib=256))
+    floor = low._memory_fits(())[1]
+    assert low.initial_plan().workers.resources.memory_mib >= floor > 256
+    # a small quota: the cold start's memory (a fifth of it) is the ceiling
+    small = make_spec(quota={"cpu": 20, "memory": "20Gi"})
+    cold = Planner(small, dlrover_cold(small)).initial_plan()
+    assert cold.workers.resources.memory_mib < 6144
+    plan = Planner(small).initial_plan()
+    assert plan.workers.resources.memory_mib <= cold.workers.resources.memory_mib
+    assert plan.total.fits_in(small.quota.resources)
+
+
 def test_prior_start_is_more_frugal_than_the_running_objective() -> None:
     """θ for the prior start (0.8 by default) above min_elasticity buys fewer cores."""
-    spec = make_spec(quota={"cpu": 400, "memory": "1600Gi"})
+    spec = make_spec(quota={"cpu": 1000, "memory": "4000Gi"})
     lean = Planner(spec).initial_plan()
     rich = Planner(spec, PlannerConfig.from_spec(spec, prior_start_elasticity=0.35))
     assert lean.total.cpu_millicores < rich.initial_plan().total.cpu_millicores
