@@ -186,11 +186,12 @@ def test_prior_start_only_for_ps_jobs_on_the_bottleneck_form(overrides: dict[str
 def test_prior_start_keeps_pins() -> None:
     spec = make_spec(
         quota={"cpu": 200, "memory": "800Gi"},
-        constraints__workers={"cpu": 3, "max": 5},
+        constraints__workers={"cpu": 3, "max": 5, "memory": "10Gi"},
         constraints__ps={"count": 2},
     )
     plan = Planner(spec).initial_plan()
     assert plan.workers.resources.cpu_millicores == 3000 and plan.workers.count <= 5
+    assert plan.workers.resources.memory_mib == 10240  # a pin, not the prior start's 6 GiB
     assert plan.ps.count == 2
 
 
