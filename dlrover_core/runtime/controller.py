@@ -400,11 +400,16 @@ class JobMaster:
         self._launch_successor(Role.WORKER, node_id, resources)
 
     # --- PS-set generations ----------------------------------------------------------------------
-    def _start_generation(self, plan: ResourcePlan, restore_from: list[str], seq: int) -> None:
+    def _start_generation(
+        self, plan: ResourcePlan, restore_from: list[str], seq: int, *, frozen: bool = False
+    ) -> None:
         """Record a new generation (write ahead), stop the PS it replaces (already frozen and
-        checkpointed), launch its PS. It becomes active once all of them registered."""
+        checkpointed), launch its PS. It becomes active once all of them registered.
+        ``frozen``: every source was frozen and checkpointed at ``seq``."""
         assert self.state is not None
-        gen = self.state.begin_generation(plan.ps.count, restore_from, seq, GEN_STARTING)
+        gen = self.state.begin_generation(
+            plan.ps.count, restore_from, seq, GEN_STARTING, frozen=frozen
+        )
         if restore_from:
             self._event(
                 None,
@@ -542,7 +547,8 @@ class JobMaster:
                 "PS-set change: %s not serving; re-sharded from the latest checkpoint",
                 ", ".join(m.name for m in gone),
             )
-        self._start_generation(new, sources, min(tags, default=seq))
+        tag = min(tags, default=seq)
+        self._start_generation(new, sources, tag, frozen=not gone and tag == seq)
         return True
 
     def _unfreeze_active(self) -> None:
@@ -872,6 +878,26 @@ class JobMaster:
             ):
                 continue
             seq = int(rec.restored_seq)
+            gen = self.state.generation(n.generation)
+            if (
+                gen is not None
+                and gen.get("frozen")
+                and gen["state"] == GEN_STARTING
+                and seq == int(gen["restore_seq"])
+            ):
+                # the frozen checkpoints of a planned change, restored before the new set
+                # serves: a shard done after the tag had its last gradients applied before
+                # the freeze (in the checkpoint) or held by its worker for the new set, so
+                # nothing is lost and nothing is replayed (replaying would train it twice)
+                rec.restore_handled = True
+                self.state.persist()
+                log.info(
+                    "%s restored the frozen checkpoints tagged done_seq %d of a planned PS-set "
+                    "change: nothing to replay",
+                    n.name,
+                    seq,
+                )
+                continue
             ids = self.state.shards.requeue_done_after(
                 seq, f"{n.name} incarnation {n.incarnation} restored a state tagged {seq}"
             )

@@ -627,8 +627,11 @@ class MasterState:
     # --- PS-set generations (write ahead; see the module docstring) ------------------------------
 
     def begin_generation(
-        self, count: int, restore_from: list[str], restore_seq: int, state: str
-    ) -> dict[str, Any]:
+        self, count: int, restore_from: list[str], restore_seq: int, state: str,
+        *, frozen: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``frozen``: every source was frozen and checkpointed at ``restore_seq`` (a planned
+        change with the whole set serving), so a shard done after it is not lost."""
         with self._lock:
             gid = max((int(g["id"]) for g in self.generations), default=0) + 1
             gen = {
@@ -636,6 +639,7 @@ class MasterState:
                 "count": int(count),
                 "restore_from": list(restore_from),
                 "restore_seq": int(restore_seq),
+                "frozen": bool(frozen),
                 "state": state,
                 "since_s": self._clock(),
             }

@@ -215,3 +215,44 @@ def test_an_infeasible_in_place_resize_becomes_a_relaunch(
     if relaunched:
         assert m.state.faults[-1]["exit_class"] == "resize"
     m.state.close()
+
+
+@pytest.mark.parametrize(
+    ("frozen", "state", "restored", "replayed"),
+    [
+        (True, GEN_STARTING, 3, []),  # a planned change's frozen checkpoints: nothing lost
+        (False, GEN_STARTING, 3, [3]),  # a source was gone: its older tag loses shards
+        (True, GEN_ACTIVE, 3, [3]),  # relaunched after the set served: its updates are gone
+        (True, GEN_STARTING, 2, [2, 3]),  # another tag than the freeze's
+    ],
+)
+def test_which_ps_restores_replay_shards(
+    tmp_path: Path, frozen: bool, state: str, restored: int, replayed: list[int]
+) -> None:
+    """A PS of a new generation restoring the checkpoints a planned PS-set change froze at
+    done_seq S replays nothing: every shard done after S had its last gradients applied
+    before the freeze or held by its worker for the new set. Any other restore replays the
+    shards done after its tag (so a shard done during the change is not trained twice)."""
+    from dlrover_core.runtime.backends.local import LocalBackend
+    from dlrover_core.runtime.controller import JobMaster, _Node
+    from dlrover_core.spec import load_spec
+
+    spec = load_spec(str(ROOT / "pipelines" / "specs" / "small.yaml"), [])
+    master = JobMaster(spec, tmp_path / "run", LocalBackend())
+    s = MasterState(tmp_path, total_rows=40, shard_size=10)
+    for _ in range(4):
+        shard = s.shards.take(0)
+        assert shard is not None and s.shards.complete(shard.shard_id, 0)
+    gen = s.begin_generation(2, ["/a"], 3, state, frozen=frozen)
+    s.record_launch(Role.PS, 0, 1, NodeResources(500, 512), ref="99", generation=gen["id"])
+    s.register(Role.PS, 0, 99, 1, address="a:1", generation=gen["id"], restored_seq=restored)
+    master.state = s
+    master.nodes[(Role.PS, 0)] = _Node(
+        Role.PS, 0, NodeResources(500, 512), incarnation=1, generation=gen["id"]
+    )
+    master._check_restores()
+    assert s.shards.counts()["todo"] == len(replayed)
+    assert [f["exit_class"] for f in s.faults] == (["restore"] if replayed else [])
+    rec = s.node(Role.PS, 0)
+    assert rec is not None and rec.restore_handled
+    s.close()
