@@ -295,10 +295,7 @@ class ModelChoice:
         return self._fit_bottleneck(samples, batch_size)
 
     def _selection_holds(self, configs: frozenset[tuple[int, int, float, float]]) -> bool:
-        seen = self._selected_from
-        if seen is None or not seen <= configs:
-            return False
-        return configs == seen or len(configs) < CHOOSE_AGAIN_GROWTH * len(seen)
+        return _choice_holds(self._selected_from, configs, SELECT_MIN_CONFIGS)
 
     def _linear(self, samples: Sequence[Sample], strategy: str, batch_size: int) -> ThroughputModel:
         configs = frozenset(s.config for s in samples)
@@ -365,12 +362,20 @@ class ModelChoice:
         return True
 
     def _still_chosen(self, configs: frozenset[tuple[int, int, float, float]]) -> bool:
-        """The last choice was cross-validated and the configurations measured since (a
-        superset of those it saw) have not grown by ``CHOOSE_AGAIN_GROWTH``."""
-        seen = self._configs
-        if seen is None or len(seen) < OVERLAP_MIN_CONFIGS or not seen <= configs:
-            return False
-        return len(configs) < CHOOSE_AGAIN_GROWTH * len(seen)
+        return _choice_holds(self._configs, configs, OVERLAP_MIN_CONFIGS)
+
+
+def _choice_holds(
+    seen: frozenset[tuple[int, int, float, float]] | None,
+    configs: frozenset[tuple[int, int, float, float]],
+    least: int,
+) -> bool:
+    """A form choice cross-validated on ``seen`` (at least ``least`` configurations) still
+    holds: the configurations measured since (a superset of those it saw) have not grown by
+    ``CHOOSE_AGAIN_GROWTH``."""
+    if seen is None or len(seen) < least or not seen <= configs:
+        return False
+    return len(configs) < CHOOSE_AGAIN_GROWTH * len(seen)
 
 
 @dataclass(frozen=True)
