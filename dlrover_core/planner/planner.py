@@ -495,11 +495,11 @@ class Planner:
         )
         theta = cfg.prior_start_elasticity
         # worker memory: the prior start's size (under DLRover's 8 GiB the memory quota and
-        # the memory's price favour few, fat workers), never above the cold start's and
-        # never below the spec's estimate; what a worker measures later resizes it
+        # the memory's price favour few, fat workers), never above the cold start's; the
+        # search sizing from this plan floors it at the spec's estimate. What a worker
+        # measures later resizes it
         bw = base.workers
-        w_mem = min(bw.resources.memory_mib,
-                    max(cfg.prior_start_worker_memory_mib, self._memory_fits(())[1]))  # fmt: skip
+        w_mem = min(bw.resources.memory_mib, cfg.prior_start_worker_memory_mib)
         sized = base.replace(
             workers=RolePlan(bw.count, NodeResources(bw.resources.cpu_millicores, w_mem))
         )
