@@ -879,31 +879,33 @@ class JobMaster:
                 continue
             seq = int(rec.restored_seq)
             gen = self.state.generation(n.generation)
-            if (
+            # the frozen checkpoints of a planned change, restored before the new set serves:
+            # a shard done after the tag had its last gradients applied before the freeze (in
+            # the checkpoint) or held by its worker for the new set, so nothing is lost and
+            # nothing is replayed (replaying would train it twice)
+            frozen = (
                 gen is not None
-                and gen.get("frozen")
+                and bool(gen.get("frozen"))
                 and gen["state"] == GEN_STARTING
                 and seq == int(gen["restore_seq"])
-            ):
-                # the frozen checkpoints of a planned change, restored before the new set
-                # serves: a shard done after the tag had its last gradients applied before
-                # the freeze (in the checkpoint) or held by its worker for the new set, so
-                # nothing is lost and nothing is replayed (replaying would train it twice)
-                rec.restore_handled = True
-                self.state.persist()
+            )
+            ids = (
+                []
+                if frozen
+                else self.state.shards.requeue_done_after(
+                    seq, f"{n.name} incarnation {n.incarnation} restored a state tagged {seq}"
+                )
+            )
+            rec.restore_handled = True
+            self.state.persist()
+            if frozen:
                 log.info(
                     "%s restored the frozen checkpoints tagged done_seq %d of a planned PS-set "
                     "change: nothing to replay",
                     n.name,
                     seq,
                 )
-                continue
-            ids = self.state.shards.requeue_done_after(
-                seq, f"{n.name} incarnation {n.incarnation} restored a state tagged {seq}"
-            )
-            rec.restore_handled = True
-            self.state.persist()
-            if ids:
+            elif ids:
                 log.warning(
                     "%s restored state tagged done_seq %d: %d shard(s) done after it are "
                     "trained again",
