@@ -77,6 +77,12 @@ class JobBounds:
     def role(self, role: Role) -> RoleBounds:
         return self.workers if role is Role.WORKER else self.ps
 
+    def over_quota(self, workers: RolePlan, ps: RolePlan) -> bool:
+        """Whether ``workers`` + ``ps``, clamped to pins and bounds, exceed the quota: what
+        :meth:`fit` must then shrink (its nodes made fewer or smaller)."""
+        total = self.workers.clamp(workers).total + self.ps.clamp(ps).total
+        return not total.fits_in(self.quota)
+
     def fit(self, workers: RolePlan, ps: RolePlan) -> tuple[RolePlan, RolePlan, list[str]]:
         """Clamp to pins and bounds, then shrink into the quota. Returns notes on what changed."""
         notes: list[str] = []

@@ -1361,9 +1361,7 @@ class Planner:
         fit = self._memory_fits(observations)[0] if observations else None
         for i, (w, p, what) in enumerate([*cands, *fallback]):
             w, p = self._memory_kept(current, w, p, fit)
-            shrunk = not (
-                self.bounds.workers.clamp(w).total + self.bounds.ps.clamp(p).total
-            ).fits_in(self.bounds.quota)
+            shrunk = self.bounds.over_quota(w, p)
             w2, p2, _ = self.bounds.fit(w, p)
             key = scaling.roles_key(w2, p2)
             # a move along an input the model never saw vary is worth a few workers when the

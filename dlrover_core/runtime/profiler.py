@@ -90,9 +90,11 @@ def profile_configs(spec: JobSpec, n: int = 6) -> list[ResourcePlan]:
     plans = [base]
     seen = {plan_key(base)}
     for w, p, what in sampling_candidates(base, planner.bounds, planner.config, ()):
-        w2, p2, notes = planner.bounds.fit(w, p)
+        if planner.bounds.over_quota(w, p):  # a trial squeezed into the quota: not this move
+            continue
+        w2, p2, _ = planner.bounds.fit(w, p)
         cand = base.replace(workers=w2, ps=p2, stage=Stage.SAMPLING, reasons=(what,))
-        if plan_key(cand) in seen or "shrunk" in " ".join(notes):
+        if plan_key(cand) in seen:
             continue
         seen.add(plan_key(cand))
         plans.append(cand)
