@@ -85,8 +85,20 @@ def criteria(result: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
     j = rm["jct_median_s"] / man["jct_median_s"] - 1
     out.append(("JCT median vs manual (%)", 100 * j, "<= -40", j <= -0.40))
     c = rm["completion_rate"] - man["completion_rate"]
-    out.append(("completion vs manual (points)", 100 * c, ">= +8", c >= 0.08 - 1e-12))
+    target = ">= +8"
+    if "completion_bound" in result:  # JSON written before the bound was recorded lacks it
+        # the most any policy can gain: every job without a code bug completed
+        target += f" (max {100 * (result['completion_bound'] - man['completion_rate']):+.2f})"
+    out.append(("completion vs manual (points)", 100 * c, target, c >= 0.08 - 1e-12))
     return out
+
+
+def at_bound(result: dict[str, Any]) -> bool:
+    """Whether dlrover-rm completes every job of the trace that any policy could: all but the
+    code-bug exits (``completion_bound``)."""
+    bound = result.get("completion_bound")
+    rate = result["policies"][OURS]["completion_rate"]
+    return bound is not None and rate >= bound - 1e-12
 
 
 def _seeds(text: str) -> list[int]:
@@ -127,6 +139,7 @@ def multi(args: argparse.Namespace) -> int:
                     {"criterion": a, "value": v, "target": t, "pass": ok} for a, v, t, ok in crit
                 ],
                 "policies": res["policies"],
+                "completion_bound": res["completion_bound"],
             }
         )
         print(f"  done {n} jobs, seed {seed} in {wall:.0f} s", file=sys.stderr, flush=True)
@@ -151,6 +164,8 @@ def report(traces: list[dict[str, Any]], seeds: list[int]) -> None:
         print(f"== {t['jobs']} jobs, seed {t['seed']}: {t['passed']}/{n_crit} criteria pass")
         for c in t["criteria"]:
             mark = "PASS" if c["pass"] else "FAIL"
+            if not c["pass"] and c["criterion"].startswith("completion vs manual") and at_bound(t):
+                mark += " (at the trace's bound: every job without a code bug completed)"
             print(f"   {c['criterion']:<32} {c['value']:9.2f}   target {c['target']:<18} {mark}")
     totals: dict[str, int] = {}
     for t in traces:
@@ -159,6 +174,13 @@ def report(traces: list[dict[str, Any]], seeds: list[int]) -> None:
     print("\ncriterion                         traces passing")
     for name, k in totals.items():
         print(f"   {name:<32} {k}/{len(traces)}")
+    known = [t for t in traces if "completion_bound" in t]
+    if known:
+        full = sum(at_bound(t) for t in known)
+        print(
+            f"   dlrover-rm completes every job without a code bug (the most any policy can) "
+            f"on {full}/{len(known)}"
+        )
 
 
 def report_file(path: Path) -> int:

@@ -204,7 +204,19 @@ def simulate(
             res.pop("jobs", None)
         if not keep_timing:
             res.pop("cpu_s", None)
-    return {"policies": {n: results[n] for n in names}, "jobs": n_jobs, "seed": seed}
+    return {
+        "policies": {n: results[n] for n in names},
+        "jobs": n_jobs,
+        "seed": seed,
+        "completion_bound": completion_bound(jobs),
+    }
+
+
+def completion_bound(jobs: Sequence[TraceJob]) -> float:
+    """The highest completion rate any policy can reach on ``jobs``: the share of jobs without
+    a code bug (a job with one exits at its ``fatal_at_fraction`` of progress, whatever its
+    resources, under every policy)."""
+    return sum(j.fatal_at_fraction is None for j in jobs) / len(jobs) if jobs else 0.0
 
 
 def vs_manual(result: dict[str, Any], name: str) -> dict[str, float] | None:

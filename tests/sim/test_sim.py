@@ -164,3 +164,20 @@ def test_dlrover_oss_peer_runs_or_is_reported_unavailable() -> None:
         pytest.skip(unavailable_policies()["dlrover-oss"])
     m = run_policy(_trace(60, 4), "dlrover-oss", 4)
     assert 0 < m["completion_rate"] <= 1 and m["scaling_ops"] > 0
+
+
+def test_completion_bound_is_the_share_without_code_bugs_and_no_policy_passes_it() -> None:
+    from dlrover_core.sim.runner import completion_bound
+
+    jobs = _trace(60, 4)
+    bugs = {j.name for j in jobs if j.fatal_at_fraction is not None}
+    assert bugs  # the trace has code bugs: the bound is below 1
+    assert completion_bound(jobs) == pytest.approx(1 - len(bugs) / len(jobs))
+    assert completion_bound([]) == 0.0
+    res = simulate(60, 4, ["manual", "dlrover-rm"], processes=1, keep_jobs=True)
+    assert res["completion_bound"] == pytest.approx(completion_bound(jobs))
+    for m in res["policies"].values():
+        assert m["completion_rate"] <= res["completion_bound"] + 1e-12
+        failed = {j["name"]: j["reason"] for j in m["jobs"] if j["status"] != "completed"}
+        # every code bug fails its job under every policy, with its own reason
+        assert bugs <= set(failed) and all(failed[b] == "fatal code error" for b in bugs)
