@@ -18,6 +18,7 @@ from dlrover_core.model.throughput import fit_throughput_model, model_from_dict
 from dlrover_core.planner import Planner
 from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.types import HistoryRecord, NodeResources, Sample
+from dlrover_core.units import milliseconds
 
 SpecLike = str | Path | Mapping[str, Any] | JobSpec
 
@@ -132,7 +133,7 @@ def plan(
     out["backend"] = js.backend.kind
     out["job"] = js.name
     out["signature"] = js.signature_key
-    out["planning_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    out["planning_ms"] = round(milliseconds(time.perf_counter() - t0), 3)
     # which run history the plan read (never silently the default store)
     out["history"] = {"store": history_source(history, js), "records": len(recs)}
     return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from dlrover_core.units import format_cpu, format_memory
+from dlrover_core.units import cores, format_cpu, format_memory
 
 
 class Role(StrEnum):
@@ -47,7 +47,7 @@ class NodeResources:
 
     @property
     def cpu_cores(self) -> float:
-        return self.cpu_millicores / 1000.0
+        return cores(self.cpu_millicores)
 
     def __add__(self, other: NodeResources) -> NodeResources:
         return NodeResources(

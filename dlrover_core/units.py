@@ -8,8 +8,21 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TypeVar
 
 from dlrover_core.errors import InputError
+
+MILLICORES_PER_CORE = 1000
+"""Millicores in one core (``int``; ``arr / MILLICORES_PER_CORE`` for numpy arrays)."""
+MIB_PER_GIB = 1024
+"""MiB in one GiB (``int``; ``arr / MIB_PER_GIB`` for numpy arrays)."""
+BYTES_PER_MIB = 1024 * 1024
+"""Bytes in one MiB (``int``)."""
+MILLISECONDS_PER_SECOND = 1000
+"""Milliseconds in one second (``int``)."""
+
+# int in, int out; float in, float out (the arithmetic is the caller's old one, unchanged)
+_Number = TypeVar("_Number", int, float)
 
 _MEM_FACTORS_MIB: dict[str, float] = {
     "": 1.0 / (1024 * 1024),  # plain number = bytes (Kubernetes convention)
@@ -67,7 +80,7 @@ def memory_quantity_mib(value: str | int | float) -> int:
         number = float(m.group(1))
     if number < 0 or not math.isfinite(number):
         raise InputError(f"memory {value!r} must be a finite quantity >= 0, e.g. '4Gi'")
-    return int(math.ceil(number / (1024 * 1024) - 1e-9))
+    return int(math.ceil(number / BYTES_PER_MIB - 1e-9))
 
 
 def cpu_millicores(value: str | int | float) -> int:
@@ -77,35 +90,63 @@ def cpu_millicores(value: str | int | float) -> int:
     if isinstance(value, (int, float)):
         if value < 0 or not math.isfinite(value):
             raise InputError(f"cpu {value!r} must be a finite number of cores >= 0")
-        return int(round(value * 1000))
+        return millicores_from_cores(value)
     m = _CPU_RE.match(str(value))
     if not m:
         raise InputError(f"cpu {value!r} is not a quantity; write e.g. '500m' or '2'")
     number = float(m.group(1))
-    return int(round(number)) if m.group(2) else int(round(number * 1000))
+    return int(round(number)) if m.group(2) else millicores_from_cores(number)
 
 
 def cores(millicores: int | float) -> float:
+    """Millicores to cores: ``millicores / 1000.0``."""
     return millicores / 1000.0
 
 
 def millicores_from_cores(value: float) -> int:
-    return int(round(value * 1000))
+    """Cores to whole millicores, rounded to nearest: ``int(round(value * 1000))``."""
+    return int(round(value * MILLICORES_PER_CORE))
+
+
+def millicores_from_cores_truncated(value: float) -> int:
+    """Cores to whole millicores, truncated toward zero: ``int(value * 1000)``."""
+    return int(value * MILLICORES_PER_CORE)
 
 
 def format_cpu(millicores: int) -> str:
     """Kubernetes form: whole cores as "2", fractions as "1500m"."""
-    if millicores % 1000 == 0:
-        return str(millicores // 1000)
+    if millicores % MILLICORES_PER_CORE == 0:
+        return str(millicores // MILLICORES_PER_CORE)
     return f"{millicores}m"
 
 
 def format_memory(mib: int) -> str:
     """Kubernetes form: "4Gi" when whole GiB, else "1536Mi"."""
-    if mib % 1024 == 0 and mib > 0:
-        return f"{mib // 1024}Gi"
+    if mib % MIB_PER_GIB == 0 and mib > 0:
+        return f"{mib // MIB_PER_GIB}Gi"
     return f"{mib}Mi"
 
 
 def gib(mib: int | float) -> float:
+    """MiB to GiB: ``mib / 1024.0``."""
     return mib / 1024.0
+
+
+def mib_from_gib(value: _Number) -> _Number:
+    """GiB to MiB: ``value * 1024`` (an ``int`` stays an ``int``)."""
+    return value * MIB_PER_GIB
+
+
+def bytes_from_mib(mib: _Number) -> _Number:
+    """MiB to bytes: ``mib * 2**20`` (an ``int`` stays an ``int``)."""
+    return mib * BYTES_PER_MIB
+
+
+def mib_from_bytes(n_bytes: float) -> float:
+    """Bytes to MiB: ``n_bytes / 2**20`` (a true division: always a float)."""
+    return n_bytes / BYTES_PER_MIB
+
+
+def milliseconds(seconds: float) -> float:
+    """Seconds to milliseconds: ``seconds * 1000``."""
+    return seconds * MILLISECONDS_PER_SECOND

@@ -22,6 +22,7 @@ from sqlalchemy import exc as sa_exc
 
 from dlrover_core.errors import StoreUnavailableError
 from dlrover_core.types import HistoryRecord, ResourcePlan, Sample
+from dlrover_core.units import milliseconds
 
 ENV_VAR = "DLROVER_RM_HISTORY"
 DEFAULT_URL = "sqlite:///~/.dlrover-rm/history.db"
@@ -240,7 +241,7 @@ class HistoryStore:
             @sa.event.listens_for(engine, "connect")
             def _sqlite_pragmas(dbapi_con: Any, _rec: Any) -> None:
                 cur = dbapi_con.cursor()
-                cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+                cur.execute(f"PRAGMA busy_timeout = {int(milliseconds(SQLITE_BUSY_TIMEOUT_S))}")
                 cur.execute("PRAGMA journal_mode = WAL")
                 cur.execute("PRAGMA synchronous = NORMAL")
                 cur.close()

@@ -18,9 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from dlrover_core.errors import InputError, NotFittedError, TooFewSamplesError
+from dlrover_core.units import bytes_from_mib, mib_from_bytes
 
 FloatArray = npt.NDArray[np.float64]
-MIB = 1024.0 * 1024.0
 _BETA_MIN = 1e-6  # β is clipped into (0, 1]; "no growth" becomes a barely growing curve
 
 
@@ -207,7 +207,7 @@ class PSMemoryModel:
 
     def data_mib(self, distinct_ids: float) -> float:
         """Parameters + optimizer state + hash map of all PS together, MiB."""
-        return (self.dense_bytes + distinct_ids * self.bytes_per_row) / MIB
+        return mib_from_bytes(self.dense_bytes + distinct_ids * self.bytes_per_row)
 
     def total_mib(self, distinct_ids: float, num_ps: int = 1) -> float:
         return self.data_mib(distinct_ids) + self.runtime_overhead_mib * num_ps
@@ -222,7 +222,7 @@ class PSMemoryModel:
 
     def max_ids_per_limit(self, limit_mib: float, num_ps: int, imbalance: float = 1.0) -> float:
         """Distinct IDs at which the most-loaded PS reaches ``limit_mib`` (<= 0: never fits)."""
-        data_budget = (limit_mib - self.runtime_overhead_mib) * num_ps / imbalance * MIB
+        data_budget = bytes_from_mib((limit_mib - self.runtime_overhead_mib) * num_ps / imbalance)
         return (data_budget - self.dense_bytes) / self.bytes_per_row
 
     def predict_oom(

@@ -56,6 +56,7 @@ from dlrover_core.types import (
     RolePlan,
     Stage,
 )
+from dlrover_core.units import cores, gib
 
 __all__ = [
     "NO_PS",
@@ -208,12 +209,10 @@ def allreduce_scale(
         for c in cpus:
             if w * c <= quota.cpu_millicores and w * mem <= quota.memory_mib:
                 configs.append((w, c, mem))
-    x_cur = float(
-        model.predict_many(np.array([[cw.count, 0, cw.resources.cpu_millicores / 1000, 1.0]]))[0]
-    )
+    x_cur = float(model.predict_many(np.array([[cw.count, 0, cw.resources.cpu_cores, 1.0]]))[0])
 
     def objective(x: float, w: int, c: int, m: int) -> float:
-        cost = w * (c / 1000 + m / 1024 / memory_gib_per_core)
+        cost = w * (cores(c) + gib(m) / memory_gib_per_core)
         return math.log(max(x, 1e-12)) - min_elasticity * math.log(max(cost, 1e-12))
 
     j_cur = objective(x_cur, cw.count, cw.resources.cpu_millicores, cw.resources.memory_mib)
@@ -227,7 +226,7 @@ def allreduce_scale(
             x_cur,
             0,
         )
-    arr = np.array([[w, 0, c / 1000, 1.0] for w, c, _ in configs], dtype=np.float64)
+    arr = np.array([[w, 0, cores(c), 1.0] for w, c, _ in configs], dtype=np.float64)
     xs = model.predict_many(arr)
     js = [objective(float(x), w, c, m) for x, (w, c, m) in zip(xs, configs, strict=True)]
     i = int(np.argmax(js))
@@ -248,8 +247,8 @@ def allreduce_scale(
         remaining_samples=remaining_samples,
         current_sps=current_sps if current_sps > 0 else x_cur,
         new_sps=predicted,
-        current_cores=cw.count * cw.resources.cpu_millicores / 1000,
-        new_cores=w * c / 1000,
+        current_cores=cores(cw.count * cw.resources.cpu_millicores),
+        new_cores=cores(w * c),
         cost_s=resize_cost.estimate_s,
     )
     if not ok:

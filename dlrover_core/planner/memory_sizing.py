@@ -11,6 +11,7 @@ import numpy as np
 from dlrover_core.model.memory import IdGrowthModel, PSMemoryModel, WorkerMemoryModel
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import NodeState, Observation, Role
+from dlrover_core.units import mib_from_bytes
 
 WORKER_BASE_MIB = 1024  # a worker process with torch loaded and a few batches in flight
 
@@ -146,10 +147,10 @@ def fit_ps_memory(
     ids_end = (
         float(growth.predict(float(total))) if growth is not None else expected_distinct_ids(spec)
     )
-    mib_per_row = model.bytes_per_row / 2**20
+    mib_per_row = mib_from_bytes(model.bytes_per_row)
     pts = _ps_nodes_over_time(observations)
     if not pts:
-        data_per_ps = model.dense_bytes / 2**20
+        data_per_ps = mib_from_bytes(model.dense_bytes)
         return PSMemoryFit(
             model.runtime_overhead_mib + data_per_ps, mib_per_row, 1.0, 0.0, ids_end, growth,
             "spec formula",
@@ -227,5 +228,5 @@ def worker_memory_mib(
         return (
             WorkerMemoryModel(margin=margin, floor_mib=512).fit([hi] if lo >= 0 else [lo]).predict()
         )
-    batch_mib = spec.training.batch_size * (spec.model.dense_features + 4 * 26) * 4 / 2**20
+    batch_mib = mib_from_bytes(spec.training.batch_size * (spec.model.dense_features + 4 * 26) * 4)
     return int(WORKER_BASE_MIB + 64 * batch_mib)

@@ -26,6 +26,7 @@ from dlrover_core.types import (
     RolePlan,
     Stage,
 )
+from dlrover_core.units import cores
 
 # id(observation) -> (the observation, the straggler ratio, the stragglers it shows)
 StragglerMemo = dict[int, tuple[Observation, float, frozenset[int]]]
@@ -362,8 +363,7 @@ def _hot_ps(
     if not moves:
         return None
     reasons = [
-        f"ps-{m.node_id} {m.reason}: migrate to {m.resources.cpu_millicores / 1000:g} CPU"
-        for m in moves
+        f"ps-{m.node_id} {m.reason}: migrate to {m.resources.cpu_cores:g} CPU" for m in moves
     ]
     return _with(
         current, now_s, reasons, overrides=_merge(current.overrides, moves), action="hot_ps"
@@ -486,7 +486,7 @@ def _idle_ps(
         return None
     reasons = [
         f"idle PS (CPU < {cfg.idle_ps_cpu_util:.0%} for {cfg.hot_window} samples, "
-        f"~{math.ceil(remaining_s / 60)} min left): shrink to {new_cpu / 1000:g} CPU each"
+        f"~{math.ceil(remaining_s / 60)} min left): shrink to {cores(new_cpu):g} CPU each"
     ]
     new_ps = RolePlan(ps.count, NodeResources(new_cpu, ps.resources.memory_mib))
     keep = tuple(o for o in current.overrides if o.role is not Role.PS)
@@ -521,13 +521,13 @@ def _idle_ps_nodes(
             freed += res.cpu_millicores - cpu
             moves.append(NodeOverride(
                 Role.PS, i, NodeResources(cpu, res.memory_mib),
-                f"idle PS (CPU < {cfg.idle_ps_cpu_util:.0%}): {cpu / 1000:g} CPU", "migrate",
+                f"idle PS (CPU < {cfg.idle_ps_cpu_util:.0%}): {cores(cpu):g} CPU", "migrate",
             ))  # fmt: skip
     if not moves or freed < cfg.idle_min_cut * had:
         return None
     reasons = [
         f"ps-{m.node_id} idle while others are busy (a skewed load, ~{math.ceil(remaining_s / 60)}"
-        f" min left): move it to {m.resources.cpu_millicores / 1000:g} CPU"
+        f" min left): move it to {m.resources.cpu_cores:g} CPU"
         for m in moves
     ]
     return _with(
@@ -561,7 +561,7 @@ def _idle_workers(
         return None
     reasons = [
         f"idle workers (CPU < {cfg.idle_worker_cpu_util:.0%} for {cfg.hot_window} samples, "
-        f"~{math.ceil(remaining_s / 60)} min left): {new_cpu / 1000:g} CPU each"
+        f"~{math.ceil(remaining_s / 60)} min left): {cores(new_cpu):g} CPU each"
     ]
     new_w = RolePlan(w.count, NodeResources(new_cpu, w.resources.memory_mib))
     keep = tuple(o for o in current.overrides if o.role is not Role.WORKER)

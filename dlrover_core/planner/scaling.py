@@ -22,13 +22,19 @@ from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner.bounds import JobBounds, RoleBounds
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.types import NodeResources, Observation, ResourcePlan, Role, RolePlan, Sample
+from dlrover_core.units import MIB_PER_GIB, MILLICORES_PER_CORE, millicores_from_cores
 
 FloatArray = npt.NDArray[np.float64]
 ConfigKey = tuple[int, int, int, int]
 
 
 def config_key(workers: int, ps: int, worker_cpu_cores: float, ps_cpu_cores: float) -> ConfigKey:
-    return (workers, ps, int(round(worker_cpu_cores * 1000)), int(round(ps_cpu_cores * 1000)))
+    return (
+        workers,
+        ps,
+        millicores_from_cores(worker_cpu_cores),
+        millicores_from_cores(ps_cpu_cores),
+    )
 
 
 def roles_key(workers: RolePlan, ps: RolePlan) -> ConfigKey:
@@ -57,9 +63,9 @@ def cost(
     gib_per_core: float,
 ) -> FloatArray | float:
     """Resource cost in core-equivalents."""
-    cores = (w * w_cpu_m + p * p_cpu_m) / 1000.0
-    gib = (w * w_mem + p * p_mem) / 1024.0
-    return cores + gib / gib_per_core
+    cpu_cores = (w * w_cpu_m + p * p_cpu_m) / MILLICORES_PER_CORE
+    mem_gib = (w * w_mem + p * p_mem) / MIB_PER_GIB
+    return cpu_cores + mem_gib / gib_per_core
 
 
 def _count_values(rb: RoleBounds, current: int, allow: bool, max_up: int | None) -> list[int]:
@@ -199,11 +205,11 @@ def search(
     if "workers" in fixed:
         wv = [int(fixed["workers"])]
     if "worker_cpu" in fixed:
-        wcv = [int(round(fixed["worker_cpu"] * 1000))]
+        wcv = [millicores_from_cores(fixed["worker_cpu"])]
     if uses_ps and "ps" in fixed:
         pv = [int(fixed["ps"])]
     if uses_ps and "ps_cpu" in fixed:
-        pcv = [int(round(fixed["ps_cpu"] * 1000))]
+        pcv = [millicores_from_cores(fixed["ps_cpu"])]
     # and where the fit leaves doubt it extrapolates at most ``SPAN_STRETCH`` beyond what it
     # saw: counts when the fit is partial; a CPU whose every coefficient NNLS left at 0
     # (it would look free: e.g. 0.5 CPU per worker)
@@ -213,9 +219,9 @@ def search(
         if uses_ps:
             pv = _within(pv, rng.get("ps"), 1.0, cp.count)
     if not model.cpu_has_effect("worker_cpu"):
-        wcv = _within(wcv, rng.get("worker_cpu"), 1000.0, cw.resources.cpu_millicores)
+        wcv = _within(wcv, rng.get("worker_cpu"), MILLICORES_PER_CORE, cw.resources.cpu_millicores)
     if uses_ps and not model.cpu_has_effect("ps_cpu"):
-        pcv = _within(pcv, rng.get("ps_cpu"), 1000.0, cp.resources.cpu_millicores)
+        pcv = _within(pcv, rng.get("ps_cpu"), MILLICORES_PER_CORE, cp.resources.cpu_millicores)
     w_mem = (
         bounds.workers.memory(worker_memory_mib)
         if limits.change_workers
@@ -280,21 +286,21 @@ def _evaluate(
             [
                 cw.count,
                 cp.count,
-                cw.resources.cpu_millicores / 1000,
-                cp.resources.cpu_millicores / 1000,
+                cw.resources.cpu_cores,
+                cp.resources.cpu_cores,
             ]
         ]
     )
     in_span = not model.span_problems(cur)
     n_ok = int(np.count_nonzero(ok))
     # no PS (all-reduce): a placeholder PS CPU the model ignores
-    p_cpu = np.asarray(pcv, dtype=np.float64) / 1000.0 if uses_ps else np.ones(1)
+    p_cpu = np.asarray(pcv, dtype=np.float64) / MILLICORES_PER_CORE if uses_ps else np.ones(1)
     x = None
     if n_ok:
         gkey = (tuple(wv), tuple(pv), tuple(wcv), tuple(pcv))
         x = memo.grids.get(gkey) if memo is not None else None
         if x is None:
-            x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / 1000.0, p_cpu)
+            x = model.predict_grid(W.ravel(), P.ravel(), WC.ravel() / MILLICORES_PER_CORE, p_cpu)
             if memo is not None:
                 memo.keep_grid(gkey, x)
     # the current configuration: its grid point when the axes hold it (element-wise, the
@@ -313,8 +319,8 @@ def _evaluate(
             model.predict_grid(
                 [cw.count],
                 [cp.count],
-                [cw.resources.cpu_millicores / 1000],
-                [cp.resources.cpu_millicores / 1000 if uses_ps else 1.0],
+                [cw.resources.cpu_cores],
+                [cp.resources.cpu_cores if uses_ps else 1.0],
             )[0, 0, 0, 0]
         )
     c_cur = float(
@@ -338,7 +344,7 @@ def _evaluate(
     if x is None:
         return SearchResult(cw, cp, x_cur, j_cur, x_cur, j_cur, 0)
     # cost() on the grid, reusing its CPU total (the same expression, element by element)
-    c = tot_cpu / 1000.0 + tot_mem / 1024.0 / cfg.memory_gib_per_core
+    c = tot_cpu / MILLICORES_PER_CORE + tot_mem / MIB_PER_GIB / cfg.memory_gib_per_core
     log_c = np.log(np.maximum(c, 1e-12, out=c), out=c)
     log_c *= cfg.min_elasticity
     j = np.log(np.maximum(x, 1e-12))

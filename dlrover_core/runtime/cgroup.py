@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dlrover_core.errors import InputError
 from dlrover_core.types import NodeResources
-from dlrover_core.units import format_cpu, format_memory
+from dlrover_core.units import BYTES_PER_MIB, MILLICORES_PER_CORE, format_cpu, format_memory
 
 log = logging.getLogger("dlrover_rm.master")
 
@@ -56,16 +56,16 @@ def read_limits(root: Path = CGROUP_ROOT) -> CgroupLimits:
         if v2_cpu:
             quota, _, period = v2_cpu.partition(" ")
             if quota != "max" and quota.isdigit() and period.isdigit() and int(period) > 0:
-                cpu = int(quota) * 1000 // int(period)
+                cpu = int(quota) * MILLICORES_PER_CORE // int(period)
         if v2_mem and v2_mem.isdigit():
-            mem = int(v2_mem) // (1 << 20)
+            mem = int(v2_mem) // BYTES_PER_MIB
         return CgroupLimits(cpu, mem, f"{root / 'cpu.max'}, {root / 'memory.max'}")
     q, p = _read(root / "cpu" / "cpu.cfs_quota_us"), _read(root / "cpu" / "cpu.cfs_period_us")
     if q and p and q.lstrip("-").isdigit() and p.isdigit() and int(q) > 0 and int(p) > 0:
-        cpu = int(q) * 1000 // int(p)
+        cpu = int(q) * MILLICORES_PER_CORE // int(p)
     m = _read(root / "memory" / "memory.limit_in_bytes")
     if m and m.isdigit() and int(m) < _UNLIMITED_BYTES:
-        mem = int(m) // (1 << 20)
+        mem = int(m) // BYTES_PER_MIB
     return CgroupLimits(cpu, mem, f"{root / 'cpu'}, {root / 'memory'} (cgroup v1)")
 
 

@@ -319,7 +319,7 @@ class JobMaster:
         return {"PYTHONUNBUFFERED": "1"}
 
     def _node_spec(self, n: _Node) -> NodeSpec:
-        cores = max(1, round(n.resources.cpu_millicores / 1000))
+        cores = max(1, round(n.resources.cpu_cores))
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         cmd = self._node_command(n, cores)

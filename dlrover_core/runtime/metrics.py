@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from dlrover_core.runtime.files import atomic_write_json
 from dlrover_core.runtime.state import GEN_FREEZING, GEN_STARTING, MasterState
 from dlrover_core.types import NodeState, Role, Stage
+from dlrover_core.units import bytes_from_mib, cores
 
 log = logging.getLogger("dlrover_rm.master")
 
@@ -45,7 +46,6 @@ NODE_STATES = tuple(s.value for s in NodeState)
 SHARD_STATES = ("todo", "doing", "done", "failed")
 ROLES = tuple(r.value for r in Role)
 STAGES = tuple(s.value for s in Stage)
-_MIB = 1024 * 1024
 
 
 def _gauge(name: str, doc: str, labels: Iterable[str], unit: str = "") -> GaugeMetricFamily:
@@ -150,11 +150,11 @@ def metric_families(
         if "cpu_percent" in stats:
             cpu_used.add_metric(labels, float(stats["cpu_percent"]) / 100.0)
         if "rss_mib" in stats:
-            mem_used.add_metric(labels, float(stats["rss_mib"]) * _MIB)
+            mem_used.add_metric(labels, bytes_from_mib(float(stats["rss_mib"])))
         res = (persisted.get((n["role"], int(n["id"]))) or {}).get("resources")
         if res:
-            cpu_alloc.add_metric(labels, int(res["cpu_millicores"]) / 1000.0)
-            mem_alloc.add_metric(labels, int(res["memory_mib"]) * _MIB)
+            cpu_alloc.add_metric(labels, cores(int(res["cpu_millicores"])))
+            mem_alloc.add_metric(labels, bytes_from_mib(int(res["memory_mib"])))
     out += [cpu_used, cpu_alloc, mem_used, mem_alloc]
 
     faults: Counter[str] = Counter(
@@ -205,8 +205,8 @@ def metric_families(
                     cpu_m += int(o["cpu_millicores"]) - int(rp.get("cpu_millicores", 0))
                     mem_m += int(o["memory_mib"]) - int(rp.get("memory_mib", 0))
             count.add_metric([job, role], float(c))
-            cpu.add_metric([job, role], cpu_m / 1000.0)
-            mem.add_metric([job, role], float(mem_m * _MIB))
+            cpu.add_metric([job, role], cores(cpu_m))
+            mem.add_metric([job, role], float(bytes_from_mib(mem_m)))
         out += [count, cpu, mem]
         pred = plan.get("predicted_throughput_sps")
         if pred is not None:

@@ -13,6 +13,7 @@ from typing import Any
 from dlrover_core.runtime.files import atomic_write_json
 from dlrover_core.runtime.state import MasterState
 from dlrover_core.spec import JobSpec
+from dlrover_core.units import cores, gib
 
 TIMELINE_FILE = "timeline.jsonl"
 
@@ -216,11 +217,11 @@ def plot_report(run_dir: Path, timeline: list[dict[str, Any]], report: dict[str,
     )
     axes[0].set_ylabel("samples/s")
     axes[0].set_title(title)
-    axes[1].plot(t, [r["alloc_cpu_m"] / 1000 for r in timeline], label="allocated")
-    axes[1].plot(t, [r["used_cpu_m"] / 1000 for r in timeline], label="used")
+    axes[1].plot(t, [cores(r["alloc_cpu_m"]) for r in timeline], label="allocated")
+    axes[1].plot(t, [cores(r["used_cpu_m"]) for r in timeline], label="used")
     axes[1].set_ylabel("CPU (cores)")
-    axes[2].plot(t, [r["alloc_mem_mib"] / 1024 for r in timeline], label="allocated")
-    axes[2].plot(t, [r["used_mem_mib"] / 1024 for r in timeline], label="used")
+    axes[2].plot(t, [gib(r["alloc_mem_mib"]) for r in timeline], label="allocated")
+    axes[2].plot(t, [gib(r["used_mem_mib"]) for r in timeline], label="used")
     axes[2].set_ylabel("memory (GiB)")
     axes[2].set_xlabel("time since the master started (s)")
     for ax in axes:

@@ -27,9 +27,11 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from dlrover_core.units import bytes_from_mib
+
 TOKEN_METADATA = "x-dlrover-token"
 TOKEN_FILE = "token"
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+MAX_MESSAGE_BYTES = bytes_from_mib(512)
 _LEN = struct.Struct("<I")
 
 Arrays = dict[str, npt.NDArray[Any]]

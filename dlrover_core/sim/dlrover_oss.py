@@ -47,6 +47,7 @@ from dlrover_core.types import (
     Sample,
     Stage,
 )
+from dlrover_core.units import bytes_from_mib, cores, millicores_from_cores
 
 DLROVER_OSS_UNAVAILABLE: str | None = None
 try:  # pragma: no cover - depends on the optional extra
@@ -62,7 +63,6 @@ try:  # pragma: no cover - depends on the optional extra
 except Exception as exc:
     DLROVER_OSS_UNAVAILABLE = f"dlrover not importable ({exc}); pip install dlrover==0.6.1"
 
-_MB = 1024 * 1024
 _DEFAULT_MEMORY_MB = 8000
 _SEC_TO_CHANGE_PS = 3600.0
 _MAX_MEMORY_MB = 65536
@@ -91,7 +91,7 @@ _NODE_TYPE: dict[Role, tuple[Any, str]] = (
 
 class _JobState:
     def __init__(self, job: JobView) -> None:
-        limits = ResourceLimits(job.quota.cpu_cores, job.quota.memory_mib * _MB)
+        limits = ResourceLimits(job.quota.cpu_cores, bytes_from_mib(job.quota.memory_mib))
         self.opt = PSLocalOptimizer(job.name, limits)
         self.opt._stats_collector = LocalStatsReporter(JobMeta(job.name))
         self.stage = JobOptStage.WORKER_INITIAL
@@ -147,7 +147,7 @@ class DlroverOssPolicy(FixedInterval):
             cpu = g.node_resource.cpu or cur.cpu_cores
             mem = g.node_resource.memory or _DEFAULT_MEMORY_MB
             roles[role] = RolePlan(
-                int(g.count), NodeResources(int(round(cpu * 1000)), int(math.ceil(mem)))
+                int(g.count), NodeResources(millicores_from_cores(cpu), int(math.ceil(mem)))
             )
         overrides = list(base.overrides)
         for name, res in plan.node_resources.items():
@@ -158,7 +158,7 @@ class DlroverOssPolicy(FixedInterval):
                 continue
             cur = roles[role].resources
             new = NodeResources(
-                int(round((res.cpu or cur.cpu_cores) * 1000)),
+                millicores_from_cores(res.cpu or cur.cpu_cores),
                 int(math.ceil(res.memory)) if res.memory else cur.memory_mib,
             )
             overrides = [o for o in overrides if not (o.role is role and o.node_id == i)]
@@ -213,11 +213,11 @@ class DlroverOssPolicy(FixedInterval):
                     node = Node(
                         ntype,
                         n.node_id,
-                        config_resource=NodeResource(a.cpu_millicores / 1000.0, a.memory_mib * _MB),
+                        config_resource=NodeResource(a.cpu_cores, bytes_from_mib(a.memory_mib)),
                         name=f"{prefix}-{n.node_id}",
                     )
                     node.used_resource = NodeResource(
-                        n.cpu_used_millicores / 1000.0, n.memory_used_mib * _MB
+                        cores(n.cpu_used_millicores), bytes_from_mib(n.memory_used_mib)
                     )
                     if len(known) > 4096:
                         known.clear()

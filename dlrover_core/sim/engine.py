@@ -37,6 +37,7 @@ from dlrover_core.types import (
     Role,
     Sample,
 )
+from dlrover_core.units import cores, millicores_from_cores_truncated
 
 INF = math.inf
 
@@ -398,11 +399,11 @@ class Engine:
         ps_util = None
         if run.p_used.size:
             ps_util = max(
-                int(u * 1000) / nd.res.cpu_millicores
+                millicores_from_cores_truncated(u) / nd.res.cpu_millicores
                 for u, nd in zip(run.p_used.tolist(), run.ps, strict=False)
             )
         w_utils = [
-            int(u * 1000) / nd.res.cpu_millicores
+            millicores_from_cores_truncated(u) / nd.res.cpu_millicores
             for u, nd in zip(run.w_used.tolist(), run.up_workers, strict=False)
         ]
         w_util = sum(w_utils) / len(w_utils) if w_utils else 0.0
@@ -453,7 +454,7 @@ class Engine:
         n0 = run.done
         run.done = min(float(run.job.samples_total), run.done + run.x * dt)
         run.cpu_used_cs += run.cpu_used * dt
-        run.cpu_alloc_cs += run.alloc_cpu_m / 1000.0 * dt
+        run.cpu_alloc_cs += cores(run.alloc_cpu_m) * dt
         run.mem_alloc_ms += run.alloc_mem * dt
         truth = run.job.truth
         mem = len(run.up_workers) * truth.worker_memory_mib
@@ -576,6 +577,7 @@ class Engine:
         since = run.config_since
         worker, ps, running = Role.WORKER, Role.PS, NodeState.RUNNING
         new, set_ = _new, _set  # running nodes as _node_observation builds them, inlined
+        to_millicores = millicores_from_cores_truncated
         for n in run.workers:
             if n.down_until <= t:
                 used = w_used[up_i] if up_i < len(w_used) else 0.0
@@ -583,7 +585,7 @@ class Engine:
                 o = new(NodeObservation)
                 set_(o, "__dict__", {
                     "role": worker, "node_id": n.node_id, "state": running, "allocated": n.res,
-                    "cpu_used_millicores": int(used * 1000), "memory_used_mib": w_mem,
+                    "cpu_used_millicores": to_millicores(used), "memory_used_mib": w_mem,
                     "state_since_s": since, "throughput_sps": x_noise * n.speed / w_total_speed,
                 })  # fmt: skip
                 append(o)
@@ -602,7 +604,8 @@ class Engine:
                 o = new(NodeObservation)
                 set_(o, "__dict__", {
                     "role": ps, "node_id": n.node_id, "state": running, "allocated": n.res,
-                    "cpu_used_millicores": int(p_used[i] * 1000), "memory_used_mib": int(pmem[i]),
+                    "cpu_used_millicores": to_millicores(p_used[i]),
+                    "memory_used_mib": int(pmem[i]),
                     "state_since_s": since, "throughput_sps": 0.0,
                 })  # fmt: skip
                 append(o)
@@ -670,9 +673,9 @@ class Engine:
                     finished_at_s=t,
                     final_plan=run.plan,
                     succeeded=ok,
-                    worker_cpu_used_millicores=int(run.peak_w_cpu * 1000),
+                    worker_cpu_used_millicores=millicores_from_cores_truncated(run.peak_w_cpu),
                     worker_memory_used_mib=int(run.peak_w_mem),
-                    ps_cpu_used_millicores=int(run.peak_p_cpu * 1000),
+                    ps_cpu_used_millicores=millicores_from_cores_truncated(run.peak_p_cpu),
                     ps_memory_used_mib=int(run.peak_p_mem),
                     throughput_sps=run.done / wall if wall > 0 else 0.0,
                     wall_s=wall,

@@ -30,6 +30,7 @@ from dlrover_core.types import (
     Sample,
     Stage,
 )
+from dlrover_core.units import millicores_from_cores
 
 if TYPE_CHECKING:
     from dlrover_core.sim.truth import JobTruth
@@ -129,7 +130,7 @@ def register_policy(name: str, factory: Callable[[], Policy]) -> None:
 # ---- helpers ------------------------------------------------------------------------------
 def _res(cpu_cores: float, memory_mib: float) -> NodeResources:
     return NodeResources(
-        max(100, int(round(cpu_cores * 1000))), max(256, int(math.ceil(memory_mib)))
+        max(100, millicores_from_cores(cpu_cores)), max(256, int(math.ceil(memory_mib)))
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from dlrover_core.sim.truth import JobTruth
 from dlrover_core.types import NodeResources, ResourcePlan, RolePlan, Stage
+from dlrover_core.units import gib, mib_from_bytes, mib_from_gib, millicores_from_cores
 
 DAY_S = 86_400.0
 LARGE_JOB_CORES = 100.0
@@ -77,8 +78,8 @@ class TraceJob:
 
 def _plan(w: int, wcpu: float, wmem: int, p: int, pcpu: float, pmem: int) -> ResourcePlan:
     return ResourcePlan(
-        workers=RolePlan(w, NodeResources(int(round(wcpu * 1000)), int(wmem))),
-        ps=RolePlan(p, NodeResources(int(round(pcpu * 1000)), int(pmem))),
+        workers=RolePlan(w, NodeResources(millicores_from_cores(wcpu), int(wmem))),
+        ps=RolePlan(p, NodeResources(millicores_from_cores(pcpu), int(pmem))),
         stage=Stage.COLD_START,
         reasons=("user's manual configuration",),
     )
@@ -106,7 +107,7 @@ def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signat
     dim = int(rng.choice([16, 32, 64, 128]))
     sparse = int(rng.integers(10, 41))
     c_w = float(np.exp(rng.normal(np.log(1.5e-3), 0.4)))
-    row_mib = dim * 4 * 3 / 2**20  # fp32 row + two optimizer slots
+    row_mib = mib_from_bytes(dim * 4 * 3)  # fp32 row + two optimizer slots
     beta = float(rng.uniform(0.5, 0.9))
     truth = JobTruth(
         seed=int(seed * 100_003 + sig_id),
@@ -120,9 +121,9 @@ def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signat
         net_bytes_per_sample=sparse * dim * 4 * 2 * float(rng.uniform(0.8, 1.2)),
         ps_bandwidth_bps=1.25e9 * float(rng.uniform(0.6, 1.0)),
         skew_alpha=float(np.exp(rng.uniform(np.log(1.5), np.log(40.0)))),
-        worker_memory_mib=float(rng.uniform(2.0, 6.0) * 1024),
-        ps_base_memory_mib=float(rng.uniform(1.0, 2.0) * 1024),
-        dense_memory_mib=float(rng.uniform(0.2, 4.0) * 1024),
+        worker_memory_mib=float(mib_from_gib(rng.uniform(2.0, 6.0))),
+        ps_base_memory_mib=float(mib_from_gib(rng.uniform(1.0, 2.0))),
+        dense_memory_mib=float(mib_from_gib(rng.uniform(0.2, 4.0))),
         emb_k=1.0,  # set below
         emb_beta=beta,
         row_mib=row_mib,
@@ -156,12 +157,12 @@ def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signat
     truth = dataclasses.replace(
         truth, samples_total=samples, emb_k=u_end / samples**beta, _shares={}, _oracle={}
     )
-    wmem = int(math.ceil(truth.worker_memory_mib * rng.uniform(4.0, 9.0) / 1024) * 1024)
+    wmem = int(mib_from_gib(math.ceil(gib(truth.worker_memory_mib * rng.uniform(4.0, 9.0)))))
     need = float(truth.ps_memory_used(p, samples).max())
     if rng.random() < PS_MEMORY_UNDER_PROB["large" if large else "small"]:
         pmem = int(need * rng.uniform(0.55, 0.9))
     else:
-        pmem = int(math.ceil(need * rng.uniform(2.5, 6.0) / 1024) * 1024)
+        pmem = int(mib_from_gib(math.ceil(gib(need * rng.uniform(2.5, 6.0)))))
     return _Signature(
         name=f"sig{sig_id:04d}",
         user=f"user{int(rng.integers(0, 60)):02d}",
@@ -207,7 +208,7 @@ def generate_trace(n_jobs: int, seed: int) -> list[TraceJob]:
         manual = sig.manual
         tot = manual.total
         quota = NodeResources(
-            max(2 * tot.cpu_millicores, 16_000), max(2 * tot.memory_mib, 64 * 1024)
+            max(2 * tot.cpu_millicores, 16_000), max(2 * tot.memory_mib, mib_from_gib(64))
         )
         fatal = float(rng.uniform(0.05, 0.9)) if rng.random() < FATAL_BUG_PROB else None
         jobs.append(
@@ -287,11 +288,11 @@ def trace_to_rows(
                     "end_time": round(float(end), 1),
                     "inst_num": rp.count,
                     "plan_cpu": round(rp.resources.cpu_cores * 100, 1),
-                    "plan_mem": round(rp.resources.memory_mib / 1024, 3),
+                    "plan_mem": round(gib(rp.resources.memory_mib), 3),
                     "plan_gpu": 0,
                     "cpu_usage": round(cpu_use * 100, 1),
-                    "avg_mem": round(avg_mem / 1024, 3),
-                    "max_mem": round(max_mem / 1024, 3),
+                    "avg_mem": round(gib(avg_mem), 3),
+                    "max_mem": round(gib(max_mem), 3),
                     "signature": j.signature,
                 }
             )

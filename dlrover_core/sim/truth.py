@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from dlrover_core.units import millicores_from_cores_truncated
+
 FloatArray = npt.NDArray[np.float64]
 
 # candidate grid of the oracle's exhaustive search
@@ -261,7 +263,7 @@ class JobTruth:
         pure speed would waste cores on the flat tail of the curve. Memory is the true
         end-of-training peak plus ``MEMORY_MARGIN``, so the oracle never OOMs.
         """
-        key = (int(quota_cpu_cores * 1000), int(quota_memory_mib))
+        key = (millicores_from_cores_truncated(quota_cpu_cores), int(quota_memory_mib))
         hit = self._oracle.get(key)
         if hit is not None:
             return hit

@@ -68,11 +68,11 @@ from dlrover_core.runtime.backends.base import (
     NodeUsage,
 )
 from dlrover_core.types import NodeResources, Role
+from dlrover_core.units import mib_from_bytes
 
 __all__ = ["LocalBackend", "UnknownNodeError", "threads_for"]
 
 log = logging.getLogger(__name__)
-_MIB = 1024.0 * 1024.0
 _Key = tuple[Role, int, int]
 LOOPBACK = "127.0.0.1"
 
@@ -385,7 +385,7 @@ class LocalBackend:
         """``ceil(cores)`` CPUs round-robin; ``None`` (no pinning) for 0 or the whole machine."""
         if self._cpus is None or resources.cpu_millicores <= 0:
             return None
-        n = math.ceil(resources.cpu_millicores / 1000)
+        n = math.ceil(resources.cpu_cores)
         if n >= len(self._cpus):
             return None
         start = self._next_cpu
@@ -484,7 +484,7 @@ class LocalBackend:
             if node.exit is not None:
                 return
             node.members = alive
-            node.rss_mib = rss / _MIB
+            node.rss_mib = mib_from_bytes(rss)
             node.max_rss_mib = max(node.max_rss_mib, node.rss_mib)
             if not node.samples or t_now > node.samples[-1][0]:
                 node.samples.append((t_now, cpu_s))

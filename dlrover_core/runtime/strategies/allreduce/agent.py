@@ -96,6 +96,7 @@ from dlrover_core.runtime.strategies.allreduce.checkpoint import (
 from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, validate_allreduce
 from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.types import Role
+from dlrover_core.units import mib_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ class RankAgent:
                 now = time.monotonic()
                 reply = self.client.heartbeat(
                     cpu_percent=proc.cpu_percent(None),
-                    rss_mib=proc.memory_info().rss / 2**20,
+                    rss_mib=mib_from_bytes(proc.memory_info().rss),
                     step=self.steps,
                     samples_per_s=self._samples_per_s(now),
                     global_step=self.global_step,

@@ -27,6 +27,7 @@ from typing import Literal
 
 from dlrover_core.errors import InputError
 from dlrover_core.spec import JobSpec
+from dlrover_core.units import mib_from_bytes
 
 __all__ = [
     "ALL_SHARDING_TYPES",
@@ -149,7 +150,9 @@ def table_mib(spec: JobSpec) -> dict[str, float]:
     out = {}
     for t in spec.model.embedding_tables:
         rows = t.num_embeddings if isinstance(t.num_embeddings, int) else DYNAMIC_ROWS
-        out[t.name] = rows * spec.model.table_dim(t) * _ROW_BYTES_PER_ELEMENT * (1 + slots) / 2**20
+        out[t.name] = mib_from_bytes(
+            rows * spec.model.table_dim(t) * _ROW_BYTES_PER_ELEMENT * (1 + slots)
+        )
     return out
 
 

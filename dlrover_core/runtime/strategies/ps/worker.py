@@ -105,6 +105,7 @@ from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.training.data import Batch, DataSource, from_spec
 from dlrover_core.training.model import DenseTower, LookupFn, evaluate, feature_keys
 from dlrover_core.types import Role
+from dlrover_core.units import bytes_from_mib, mib_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -476,7 +477,7 @@ class _Usage:
             except self._psutil.Error:
                 continue
         cap = 100.0 * (os.cpu_count() or 1)
-        return min(cap, max(0.0, 100.0 * used / dt)), rss / 2**20
+        return min(cap, max(0.0, 100.0 * used / dt)), mib_from_bytes(rss)
 
 
 class _Rate:
@@ -628,7 +629,7 @@ class Worker:
                 raise WorkerConfigError(f"{ALLOC_ENV}={raw!r} must be a number of MiB") from None
             if mib > 0:
                 log.info("allocating %d MiB extra (%s)", mib, ALLOC_ENV)
-                self._ballast = np.ones(mib * 2**20 // 8, dtype=np.float64)  # touches pages
+                self._ballast = np.ones(bytes_from_mib(mib) // 8, dtype=np.float64)  # touches pages
         if spec.training.seed is not None:
             # every worker offers the same start (the PS keeps the first one it gets): a run
             # is reproducible up to the asynchrony of its workers
