@@ -47,6 +47,7 @@ from dlrover_core.types import (
     Sample,
     Stage,
 )
+from dlrover_core.units import cores
 
 SAMPLE_ACTION = "sample:"
 REVERT_ACTION = "revert"
@@ -1042,7 +1043,7 @@ class Planner:
             workers=RolePlan(plan.workers.count, NodeResources(cpu, w.memory_mib)),
             reasons=(
                 *plan.reasons,
-                f"CPU per worker {w.cpu_cores:g} -> {cpu / 1000:g}: what the workers use, "
+                f"CPU per worker {w.cpu_cores:g} -> {cores(cpu):g}: what the workers use, "
                 "with margin (the model never saw it vary)",
             ),
         )
