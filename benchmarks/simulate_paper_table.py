@@ -181,6 +181,18 @@ def report(traces: list[dict[str, Any]], seeds: list[int]) -> None:
             f"   dlrover-rm completes every job without a code bug (the most any policy can) "
             f"on {full}/{len(known)}"
         )
+        jobs = sum(t["jobs"] for t in known)
+
+        def pooled(rate: Any) -> float:
+            return sum(t["jobs"] * rate(t) for t in known) / jobs
+
+        ours = pooled(lambda t: t["policies"][OURS]["completion_rate"])
+        man = pooled(lambda t: t["policies"][MANUAL]["completion_rate"])
+        bound = pooled(lambda t: t["completion_bound"])
+        print(
+            f"   completion vs manual over all {jobs} jobs: {100 * (ours - man):+.2f} points "
+            f"(the most any policy can: {100 * (bound - man):+.2f})"
+        )
 
 
 def report_file(path: Path) -> int:
