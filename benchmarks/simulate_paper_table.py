@@ -19,7 +19,9 @@ The planner was tuned on seeds 0-3; seeds 101-111 and 201-211 were looked into i
 session 8 (diagnosis, and checks of each change), 301-311 reported then, 401-411 in session 9,
 501-511 in session 10, 601-611 in session 11, 701-711 and 801 while designing session 16's
 model, and 802-812 reported then, 813-823 in session 17; session 18 checked its changes on
-802-806 and 824-829 (and 829 at 1000 jobs): report other seeds (830 on).
+802-806 and 824-829 (and 829 at 1000 jobs). Sessions 19-20 reported 841-851 and 852-872
+(the planner of session 18, unchanged), and rejected an exploration move on 873-883: report
+other seeds (884 on).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ MULTI_POLICIES = (MANUAL, PEER, ORACLE, OURS)
 TUNED_ON = (
     0, 1, 2, 3, *range(101, 112), *range(201, 212), *range(301, 312), *range(401, 412),
     *range(501, 512), *range(601, 612), *range(701, 712), 801, *range(802, 807),
-    *range(824, 830),
+    *range(824, 830), *range(873, 884),
 )  # fmt: skip
 
 
