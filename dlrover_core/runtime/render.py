@@ -173,6 +173,14 @@ def report_view(report: Mapping[str, Any]) -> View:
         v.figures.append(
             ("PS-set switches", ", ".join(f"{_num(s, '.1f')} s" for s in report["ps_switch_s"]))
         )
+    changes = [c for c in report.get("plan_changes") or [] if isinstance(c, dict)]
+    if changes:
+        v.figures.append(
+            (
+                "plan changes: time lost (pause at the new speed)",
+                ", ".join(f"{_num(c.get('lost_s'), '.1f')} s" for c in changes),
+            )
+        )
 
     plans = list(report.get("plans") or [])
     t0 = next((p["time_s"] for p in plans if isinstance(p.get("time_s"), (int, float))), None)

@@ -42,6 +42,75 @@ def _span_rate(timeline: list[dict[str, Any]]) -> float:
     )
 
 
+def _done_at(rows: list[tuple[float, float]], t: float) -> float:
+    """Samples done at time ``t``, linear between the timeline's rows (sorted by time)."""
+    prev = rows[0]
+    for r in rows:
+        if r[0] >= t:
+            if r[0] <= prev[0]:
+                return r[1]
+            return prev[1] + (r[1] - prev[1]) * (t - prev[0]) / (r[0] - prev[0])
+        prev = r
+    return rows[-1][1]
+
+
+SETTLED_SHARE = 0.4  # a change's settled speed: the last 40 % of its span
+
+
+def plan_change_costs(
+    plan_times: list[float | None], timeline: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What each plan change after the first cost the job, from the timeline (samples done
+    against time), as the planner prices a change: a pause, then the new speed. For change
+    k at t_k, until the next change (the last one: until 90 % of the job's final samples,
+    before the last shards' tail): ``speed_after_sps`` over the span's last
+    ``SETTLED_SHARE``; ``lost_s`` the span minus the time its samples would take at that
+    speed; ``stall_s`` the longest stretch in the span with no sample done;
+    ``speed_before_sps`` the previous configuration's settled speed. A figure that cannot
+    be measured (too short a span, no progress) is None."""
+    rows = sorted(
+        (float(r["t"]), float(r["samples_done"]))
+        for r in timeline
+        if isinstance(r.get("t"), (int, float)) and isinstance(r.get("samples_done"), (int, float))
+    )
+    out: list[dict[str, Any]] = []
+    if len(rows) < 2:
+        return out
+    tail = next((t for t, s in rows if s >= 0.9 * rows[-1][1]), rows[-1][0])
+    times = [t for t in plan_times if t is not None]
+
+    def settled(a: float, b: float) -> float | None:
+        lo = b - SETTLED_SHARE * (b - a)
+        if b - lo <= 0:
+            return None
+        rate = (_done_at(rows, b) - _done_at(rows, lo)) / (b - lo)
+        return rate if rate > 0 else None
+
+    for k in range(1, len(times)):
+        t_c = times[k]
+        t_n = times[k + 1] if k + 1 < len(times) else max(tail, t_c)
+        after, before = settled(t_c, t_n), settled(times[k - 1], t_c)
+        lost = None
+        if after is not None:
+            lost = (t_n - t_c) - (_done_at(rows, t_n) - _done_at(rows, t_c)) / after
+        stall, last_t, last_s = 0.0, t_c, _done_at(rows, t_c)
+        for t, done in rows:
+            if t_c < t <= t_n:
+                if done > last_s:
+                    last_t, last_s = t, done
+                stall = max(stall, t - last_t)
+        out.append(
+            {
+                "time_s": t_c,
+                "speed_before_sps": before,
+                "speed_after_sps": after,
+                "lost_s": lost,
+                "stall_s": stall if t_n > t_c else None,
+            }
+        )
+    return out
+
+
 def write_report(
     run_dir: Path,
     state: MasterState,
@@ -95,6 +164,9 @@ def write_report(
             for p in state.plans
         ],
         "faults": list(state.faults),
+        # what each plan change cost in progress (a pause, then the new speed): the figure
+        # the planner's worker_change_pause_s / ps_change_pause_s stand for
+        "plan_changes": plan_change_costs([p.get("time_s") for p in state.plans], timeline),
         "model_choice": model_choice,
         "launches": list(launches or []),
         "first_shard_taken_s": _first_takes(state),

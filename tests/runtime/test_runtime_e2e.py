@@ -177,6 +177,10 @@ def test_planner_adds_a_ps_and_a_worker_while_the_job_runs(tmp_path: Path) -> No
     launches = [x["node"] for x in report["launches"]]
     assert launches.count("worker-0") == 1  # never restarted
     assert not report["faults"]
+    # the runtime measures what each change cost (the planner's pause): one entry a change
+    costs = report["plan_changes"]
+    assert [c["time_s"] for c in costs] == [p["time_s"] for p in report["plans"][1:]]
+    assert all(c["lost_s"] is None or c["lost_s"] < 60 for c in costs), costs
     up = report["registered_at_s"]["worker-1"]
     first = report["first_shard_taken_s"]["worker-1"]
     assert first - up < 5.0, f"worker-1 took its first shard {first - up:.1f} s after start"

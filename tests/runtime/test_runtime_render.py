@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib
 
 from dlrover_core.runtime.render import plan_markdown, report_html, report_markdown
-from dlrover_core.runtime.report import _span_rate
+from dlrover_core.runtime.report import _span_rate, plan_change_costs
 
 matplotlib.use("Agg")
 
@@ -222,3 +222,38 @@ def test_a_job_too_short_for_a_measured_rate_reports_its_rate_over_the_timeline(
     assert _span_rate(rows) == 15000.0
     assert _span_rate(rows[:1]) == 0.0 and _span_rate([]) == 0.0
     assert _span_rate([rows[0], {**rows[0]}]) == 0.0  # no time passed: no rate, not a NaN
+
+
+def _timeline(segments: list[tuple[float, float]], end: float) -> list[dict[str, Any]]:
+    """One row a second; ``segments``: (from time, samples/s) in order, until ``end``."""
+    rows, done = [], 0.0
+    for t in range(int(end) + 1):
+        rows.append({"t": float(t), "samples_done": done})
+        rate = next(r for start, r in reversed(segments) if t >= start)
+        done += rate
+    return rows
+
+
+def test_plan_change_costs_measure_the_pause_and_the_new_speed() -> None:
+    # 100/s, a change at 10 s that stalls 3 s then runs at 50/s, a change at 30 s that runs
+    # at 80/s without a stall until the end at 60 s
+    rows = _timeline([(0, 100.0), (10, 0.0), (13, 50.0), (30, 80.0)], 60)
+    first, second = plan_change_costs([0.0, 10.0, 30.0], rows)
+    assert first["time_s"] == 10.0
+    assert first["speed_before_sps"] == 100.0 and first["speed_after_sps"] == 50.0
+    assert first["lost_s"] == 3.0 and first["stall_s"] == 3.0
+    assert second["speed_before_sps"] == 50.0 and second["speed_after_sps"] == 80.0
+    assert abs(second["lost_s"]) < 1e-9 and second["stall_s"] == 0.0
+    # a change nothing can be measured after: no figure, not a made-up one
+    flat = _timeline([(0, 100.0), (5, 0.0)], 20)
+    (only,) = plan_change_costs([0.0, 5.0], flat)
+    assert only["lost_s"] is None and only["speed_after_sps"] is None
+    assert plan_change_costs([0.0, 5.0], []) == [] and plan_change_costs([None, 1.0], rows) == []
+
+
+def test_the_report_shows_what_each_plan_change_cost() -> None:
+    md = report_markdown(
+        make_report(plan_changes=[{"time_s": 130.5, "lost_s": 2.25, "stall_s": 1.0}])
+    )
+    assert "| plan changes: time lost (pause at the new speed) | 2.2 s |" in md
+    assert "plan changes" not in report_markdown(make_report())
