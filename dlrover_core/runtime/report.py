@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dlrover_core.runtime.files import atomic_write_json
 from dlrover_core.runtime.state import MasterState
 from dlrover_core.spec import JobSpec
@@ -42,18 +44,6 @@ def _span_rate(timeline: list[dict[str, Any]]) -> float:
     )
 
 
-def _done_at(rows: list[tuple[float, float]], t: float) -> float:
-    """Samples done at time ``t``, linear between the timeline's rows (sorted by time)."""
-    prev = rows[0]
-    for r in rows:
-        if r[0] >= t:
-            if r[0] <= prev[0]:
-                return r[1]
-            return prev[1] + (r[1] - prev[1]) * (t - prev[0]) / (r[0] - prev[0])
-        prev = r
-    return rows[-1][1]
-
-
 SETTLED_SHARE = 0.4  # a change's settled speed: the last 40 % of its span
 
 
@@ -76,14 +66,20 @@ def plan_change_costs(
     out: list[dict[str, Any]] = []
     if len(rows) < 2:
         return out
-    tail = next((t for t, s in rows if s >= 0.9 * rows[-1][1]), rows[-1][0])
+    ts, ds = (np.array(col) for col in zip(*rows, strict=True))
+
+    def done_at(t: float) -> float:
+        """Samples done at ``t``, linear between the timeline's rows."""
+        return float(np.interp(t, ts, ds))
+
+    tail = float(ts[int(np.argmax(ds >= 0.9 * ds[-1]))])
     times = [t for t in plan_times if t is not None]
 
     def settled(a: float, b: float) -> float | None:
         lo = b - SETTLED_SHARE * (b - a)
         if b - lo <= 0:
             return None
-        rate = (_done_at(rows, b) - _done_at(rows, lo)) / (b - lo)
+        rate = (done_at(b) - done_at(lo)) / (b - lo)
         return rate if rate > 0 else None
 
     for k in range(1, len(times)):
@@ -92,13 +88,15 @@ def plan_change_costs(
         after, before = settled(t_c, t_n), settled(times[k - 1], t_c)
         lost = None
         if after is not None:
-            lost = (t_n - t_c) - (_done_at(rows, t_n) - _done_at(rows, t_c)) / after
-        stall, last_t, last_s = 0.0, t_c, _done_at(rows, t_c)
-        for t, done in rows:
-            if t_c < t <= t_n:
-                if done > last_s:
-                    last_t, last_s = t, done
-                stall = max(stall, t - last_t)
+            lost = (t_n - t_c) - (done_at(t_n) - done_at(t_c)) / after
+        # only the rows of the span (t_c, t_n]: the spans follow each other, so all the
+        # changes together read the timeline once
+        stall, last_t, last_s = 0.0, t_c, done_at(t_c)
+        i, j = np.searchsorted(ts, t_c, side="right"), np.searchsorted(ts, t_n, side="right")
+        for t, done in zip(ts[i:j].tolist(), ds[i:j].tolist(), strict=True):
+            if done > last_s:
+                last_t, last_s = t, done
+            stall = max(stall, t - last_t)
         out.append(
             {
                 "time_s": t_c,
