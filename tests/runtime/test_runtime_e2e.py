@@ -131,7 +131,9 @@ def test_planner_adds_a_ps_and_a_worker_while_the_job_runs(tmp_path: Path) -> No
     worker is resized (a resize would restart it); worker-0 must never restart and the new
     worker must start work quickly."""
     overrides = [
-        "data.rows=1000000",
+        # enough rows that a worker the planner launches late (its 4th sampling move, ~20 s
+        # in) registers before the job ends: at ~70k samples/s 1M rows ended first
+        "data.rows=3000000",
         "pacing.sample_window_s=1.0",
         "pacing.min_speed_samples=2",
         "pacing.replan_interval_s=3",
