@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", type=float, default=25.0, help="seconds between changes")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
+    if a.rows < 1 or not a.hold > 0:
+        ap.error(f"--rows must be at least 1 and --hold above 0; got {a.rows} and {a.hold:g}")
     over = [
         f"data.rows={a.rows}",
         "pacing.sample_window_s=1.0",
