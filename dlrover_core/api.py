@@ -65,16 +65,43 @@ def history_source(url: str | None, spec: JobSpec | None = None) -> str | None:
     return redact_url(default_url())
 
 
-def load_history(
+def read_history(
     url: str | None, spec: JobSpec | None = None, now_s: float | None = None
+) -> tuple[list[HistoryRecord], dict[str, Any]]:
+    """:func:`load_history`, and what it read, for the plan and the report: ``{"store": the
+    URL (password hidden; None: none read), "records": how many matched, "error": why the store
+    could not be read (only with ``history.on_error: cold_start``)}``."""
+    info: dict[str, Any] = {"store": history_source(url, spec), "records": 0}
+    try:
+        recs = load_history(url, spec, now_s, _cold_on_error=False)
+    except StoreUnavailableError as e:
+        if spec is None or spec.history.on_error != "cold_start":
+            raise StoreUnavailableError(
+                f"{e} (or set history.on_error: cold_start to plan without it when it is down)"
+            ) from None
+        log.warning("%s; planning without history (cold start: history.on_error)", e)
+        info["error"] = str(e)
+        return [], info
+    info["records"] = len(recs)
+    return recs, info
+
+
+def load_history(
+    url: str | None,
+    spec: JobSpec | None = None,
+    now_s: float | None = None,
+    *,
+    _cold_on_error: bool = True,
 ) -> list[HistoryRecord]:
     """Records for warm start.
 
     A JSON export (``path.json`` or ``file://path.json``) is read as is. Anything else is a
     history store URL (SQLAlchemy); with no URL, the spec's ``history.url`` or the default store
     (only when a spec says which signature to look for). With a spec, the store returns the
-    successful runs of its signature in its ``pacing.history_window_s``. An unreachable store
-    logs a warning and gives no records: planning then starts cold.
+    successful runs of its signature in its ``pacing.history_window_s``. A store that cannot be
+    read (down, unknown driver, malformed URL) raises :class:`StoreUnavailableError` (one line
+    naming the URL and the fix), unless the spec says ``history.on_error: cold_start``: then
+    it logs a warning and gives no records, and planning starts cold.
     """
     if url and url.lower() in NO_HISTORY:
         return []
@@ -99,9 +126,10 @@ def load_history(
             )
         finally:
             store.close()
-    except StoreUnavailableError as e:
-        log.warning("%s; planning without history (cold start)", e)
-        return []
+    except StoreUnavailableError:
+        if _cold_on_error:
+            return read_history(url, spec, now_s)[0]
+        raise
 
 
 def _all_records(store: Any) -> list[HistoryRecord]:
@@ -122,7 +150,7 @@ def plan(
     """Stage 1 (and stage 2 when ``samples`` identify the model): the plan as a dict."""
     js = resolve_spec(spec, overrides)
     smp = read_samples_csv(samples) if isinstance(samples, (str, Path)) else list(samples or [])
-    recs = load_history(history, js, now_s)
+    recs, read = read_history(history, js, now_s)
     t0 = time.perf_counter()
     p = Planner(js).offline_plan(smp, recs, now_s if now_s is not None else time.time())
     out = p.to_dict()
@@ -135,7 +163,7 @@ def plan(
     out["signature"] = js.signature_key
     out["planning_ms"] = round(milliseconds(time.perf_counter() - t0), 3)
     # which run history the plan read (never silently the default store)
-    out["history"] = {"store": history_source(history, js), "records": len(recs)}
+    out["history"] = read
     return out
 
 
@@ -228,14 +256,16 @@ def train(
 
     js = resolve_spec(spec, overrides)
     rp = _resolve_plan(plan)
+    recs, read = read_history(history, js)
     return run_job(
         js,
         plan=rp,
         run_dir=run_dir,
-        history=load_history(history, js),
+        history=recs,
         progress=progress,
         history_url=history,
         model_dir=model_dir,
+        history_read=read,
     )
 
 
@@ -528,6 +558,9 @@ def profile(
     from dlrover_core.runtime.profiler import profile as run_profile
 
     js = resolve_spec(spec, overrides)
+    # the plan step after this one reads the history: a store that cannot be read is said
+    # now, before minutes of trials (history.on_error: cold_start lets it pass)
+    read_history(None, js)
     samples, trials = run_profile(js, n_configs=n_configs)
     if out is not None:
         write_samples_csv(out, samples)

@@ -487,6 +487,14 @@ class AllReduceSpec(_Strict):
 
 class HistorySpec(_Strict):
     url: str | None = Field(default=None, description="SQLAlchemy URL; default a SQLite file")
+    on_error: Literal["fail", "cold_start"] = Field(
+        default="fail",
+        description=(
+            "a history store that cannot be read (down, unknown driver, malformed URL): 'fail' "
+            "stops plan/profile/train with one line naming the URL (exit 2), 'cold_start' "
+            "plans without history and says so"
+        ),
+    )
 
 
 class Signature(_Strict):

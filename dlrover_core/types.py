@@ -307,3 +307,6 @@ class HistoryRecord:
     throughput_sps: float | None = None
     wall_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # what else changes the throughput law besides the signature: a PS run's sizes and speed
+    # samples do not describe an all-reduce run of the same model and data (and the reverse)
+    strategy: str = "ps"

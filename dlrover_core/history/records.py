@@ -30,6 +30,7 @@ def record_to_dict(r: HistoryRecord) -> dict[str, Any]:
         "throughput_sps": r.throughput_sps,
         "wall_s": r.wall_s,
         "extra": r.extra,
+        "strategy": r.strategy,
     }
     for k in _OPTIONAL_INTS:
         d[k] = getattr(r, k)
@@ -46,6 +47,7 @@ def record_from_dict(d: dict[str, Any]) -> HistoryRecord:
             throughput_sps=d.get("throughput_sps"),
             wall_s=d.get("wall_s"),
             extra=dict(d.get("extra") or {}),
+            strategy=str(d.get("strategy") or (d.get("spec") or {}).get("strategy") or "ps"),
             **{k: (int(d[k]) if d.get(k) is not None else None) for k in _OPTIONAL_INTS},
         )
     except (KeyError, TypeError, ValueError) as e:

@@ -378,6 +378,7 @@ class HistoryStore:
             throughput_sps=r.throughput_sps,
             wall_s=r.wall_s,
             extra=extra,
+            strategy=str((r.spec or {}).get("strategy") or "ps"),
             **{k: getattr(r, k) for k in _PEAK_KEYS},
         )
 

@@ -38,12 +38,42 @@ def major_cluster_mean(values: Sequence[float], fraction: float = 0.5) -> float:
 def similar_runs(
     spec: JobSpec, history: Sequence[HistoryRecord], now_s: float, window_s: float
 ) -> list[HistoryRecord]:
+    """Successful runs of the spec's signature in the window, trained with its strategy: a PS
+    run's sizes and speed samples do not describe an all-reduce run of the same model and data
+    (no PS, ranks that each hold the model), nor the reverse."""
+    return [r for r in _in_window(spec, history, now_s, window_s) if r.strategy == spec.strategy]
+
+
+def untransferable_runs(
+    spec: JobSpec, history: Sequence[HistoryRecord], now_s: float, window_s: float
+) -> list[HistoryRecord]:
+    """Runs of the signature in the window that another strategy trained (not used)."""
+    return [r for r in _in_window(spec, history, now_s, window_s) if r.strategy != spec.strategy]
+
+
+def _in_window(
+    spec: JobSpec, history: Sequence[HistoryRecord], now_s: float, window_s: float
+) -> list[HistoryRecord]:
     key = spec.signature_key
     return [
         r
         for r in history
         if r.signature == key and r.succeeded and now_s - window_s <= r.finished_at_s <= now_s
     ]
+
+
+def strategy_note(
+    spec: JobSpec, history: Sequence[HistoryRecord], now_s: float, window_s: float
+) -> str | None:
+    """Says that runs of this signature exist but another strategy trained them."""
+    other = untransferable_runs(spec, history, now_s, window_s)
+    if not other:
+        return None
+    names = sorted({r.strategy for r in other})
+    return (
+        f"{len(other)} run(s) of this signature trained with strategy {', '.join(names)} not "
+        f"used: their sizes and speed samples do not describe a {spec.strategy} job"
+    )
 
 
 def cold_start(spec: JobSpec, cfg: PlannerConfig, now_s: float) -> ResourcePlan:
@@ -173,4 +203,8 @@ def initial_plan(
     runs = similar_runs(spec, history, now_s, cfg.history_window_s)
     if runs:
         return warm_start(spec, runs, cfg, now_s)
-    return cold_start(spec, cfg, now_s)
+    plan = cold_start(spec, cfg, now_s)
+    note = strategy_note(spec, history, now_s, cfg.history_window_s)
+    return (
+        plan if note is None else plan.replace(reasons=(plan.reasons[0], note, *plan.reasons[1:]))
+    )

@@ -42,7 +42,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dlrover_core.errors import DLRoverError, InputError
 from dlrover_core.faults import (
@@ -91,6 +91,7 @@ from dlrover_core.types import (
     Stage,
 )
 
+_T = TypeVar("_T")
 log = logging.getLogger("dlrover_rm.master")
 
 SPEC_FILE = "spec.json"
@@ -265,7 +266,10 @@ class JobMaster:
         )
         self.state.persist()  # this master's start is on record before it acts
         self.state.workers_may_leave = not self._hold_workers_at_the_end
-        self._prior = self.planner.history_samples(self._history, self.clock())
+        prior = self._call_planner(
+            "history_samples", self.planner.history_samples, self._history, self.clock()
+        )
+        self._prior = prior or []
         bind, advertise = self.backend.endpoint()
         port = 0
         addr = self.run_dir / ADDR_FILE
@@ -996,15 +1000,44 @@ class JobMaster:
         if self._changing():
             return  # one change at a time
         now = self.clock()
-        d = self.planner.replan(
-            self.plan, self.observations, self.samples, now, self.past_plans, self._prior
+        d = self._call_planner(
+            "replan",
+            self.planner.replan,
+            self.plan,
+            self.observations,
+            self.samples,
+            now,
+            self.past_plans,
+            self._prior,
         )
         if (
-            d.plan is not None
+            d is not None
+            and d.plan is not None
             and not d.plan.same_allocation(self.plan)
             and d.plan.total.fits_in(self.spec.quota.resources)
         ):
             self._apply(d.plan)
+
+    def _call_planner(
+        self, what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any
+    ) -> _T | None:
+        """A planner error never fails a job: the exception is recorded as a
+        ``planner_error`` (report.json and the log: what failed, what the job did instead), the
+        current plan is kept, and the next interval tries again. Returns None on an error."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+            instead = "kept the current plan; the planner runs again at the next interval"
+            log.warning("planner error in %s (%s); %s", what, why, instead)
+            log.debug("%s", traceback.format_exc())
+            if self.state is not None:
+                with contextlib.suppress(Exception):
+                    self.state.record_planner_error(
+                        {"kind": "planner_error", "step": what, "error": why, "action": instead}
+                    )
+            self._event(None, "PlannerError", f"{what}: {why}; {instead}", warning=True)
+            return None
 
     # --- the loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -1160,11 +1193,24 @@ class JobMaster:
         if self.state.restored and self.state.plans:
             self._resume()
             return
-        plan = self._initial_plan or self.planner.initial_plan(self._history, self.clock())
+        plan = self._first_plan()
         self._adopt_plan(plan)
         self._start_generation(plan, [], 0)
         for i in range(plan.workers.count):
             self._start_worker(i, plan.node_resources(Role.WORKER, i))
+
+    def _first_plan(self) -> ResourcePlan:
+        """The plan given, or stage 1 from the history; a planner error there starts the job
+        from stage 1 without the history (a cold start), recorded as a planner error."""
+        if self._initial_plan is not None:
+            return self._initial_plan
+        plan = self._call_planner(
+            "initial_plan", self.planner.initial_plan, self._history, self.clock()
+        )
+        if plan is None:
+            self._prior = []
+            plan = self.planner.initial_plan((), self.clock())
+        return plan
 
     def _resume(self) -> None:
         """A new master on the run dir of an earlier one: adopt its nodes (by ref), relaunch
@@ -1302,7 +1348,7 @@ class JobMaster:
                         wall_s=self.clock() - self.started_s,
                         launches=self.launches,
                         stopped=self.stop_reason,
-                        model_choice=self.planner.model_choice(),
+                        model_choice=self._call_planner("model_choice", self.planner.model_choice),
                     )
                     break
                 except OSError as e:

@@ -30,7 +30,10 @@ def train(
     progress: bool = True,
     history_url: str | None = None,
     model_dir: str | Path | None = None,
+    history_read: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``history_read``: which store the history came from and how many records matched
+    (``api.read_history``), for the report."""
     from dlrover_core.logs import quiet_third_party
     from dlrover_core.runtime.controller import JobMaster
     from dlrover_core.runtime.progress import Progress
@@ -85,6 +88,8 @@ def train(
     report["quota_clamped"] = clamp_note
     report["samples"] = [dataclasses.asdict(s) for s in master.samples]
     report["history_run_id"] = None
+    if history_read is not None:
+        report["history"] = dict(history_read)
     mdir = Path(model_dir) if model_dir else rd / "model"
     if report.get("state") == "succeeded":
         if surl is not None:
@@ -232,7 +237,15 @@ def check_data(spec: JobSpec) -> tuple[dict[str, Any] | None, str | None]:
 def _amend(rd: Path, report: dict[str, Any], data: dict[str, Any] | None) -> None:
     from dlrover_core.runtime.report import amend_report, json_safe
 
-    keys = ("model_dir", "model_held_out", "export_error", "quota_clamped", "run_url", "model_url")
+    keys = (
+        "model_dir",
+        "model_held_out",
+        "export_error",
+        "quota_clamped",
+        "run_url",
+        "model_url",
+        "history",
+    )
     extra: dict[str, Any] = {k: report[k] for k in keys if k in report}
     if data is not None:
         extra["data"] = data

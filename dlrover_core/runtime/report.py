@@ -162,6 +162,7 @@ def write_report(
             for p in state.plans
         ],
         "faults": list(state.faults),
+        "planner_errors": list(state.planner_errors),
         # what each plan change cost in progress (a pause, then the new speed): the figure
         # the planner's worker_change_pause_s / ps_change_pause_s stand for
         "plan_changes": plan_change_costs([p.get("time_s") for p in state.plans], timeline),
@@ -242,6 +243,7 @@ def failed_report(
         "mem_util": None,
         "plans": [],
         "faults": [],
+        "planner_errors": [],
         "launches": [],
         **(extra or {}),
     }

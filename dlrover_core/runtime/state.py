@@ -205,6 +205,8 @@ class MasterState:
         self.config: dict[str, Any] = dict(config or {})
         self.plans: list[dict[str, Any]] = []
         self.faults: list[dict[str, Any]] = []
+        # planner errors the loop survived (what failed, what the job did instead)
+        self.planner_errors: list[dict[str, Any]] = []
         self.global_step = 0
         self.job_state = "running"
         self.reason: str | None = None
@@ -268,6 +270,7 @@ class MasterState:
                 self.config = dict(d.get("config", {}))
             self.plans = list(d.get("plans", []))
             self.faults = list(d.get("faults", []))
+            self.planner_errors = list(d.get("planner_errors", []))
             self.global_step = int(d.get("global_step", 0))
             self.job_state = str(d.get("job_state", "running"))
             self.reason = d.get("reason")
@@ -294,6 +297,7 @@ class MasterState:
                     "config": self.config,
                     "plans": self.plans,
                     "faults": self.faults,
+                    "planner_errors": self.planner_errors,
                     "global_step": self.global_step,
                     "saved_at_s": self._clock(),
                 }
@@ -615,6 +619,12 @@ class MasterState:
         """A fault and what was done about it (node, exit class, action), for the report."""
         with self._lock:
             self.faults.append({"time_s": self._clock(), **fault})
+            self._persist()
+
+    def record_planner_error(self, error: Mapping[str, Any]) -> None:
+        """A planner exception the control loop survived, and what the job did instead."""
+        with self._lock:
+            self.planner_errors.append({"time_s": self._clock(), **error})
             self._persist()
 
     def set_job_state(self, state: str, reason: str | None = None) -> None:

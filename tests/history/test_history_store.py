@@ -213,17 +213,30 @@ def test_unreachable_store_raises_a_clear_error() -> None:
     assert "unavailable" in msg and "127.0.0.1" in msg and "secret" not in msg
 
 
-def test_unreachable_store_gives_a_cold_start_with_a_warning(
+@pytest.mark.parametrize("url", [UNREACHABLE, "mysql://x", "garbage"])
+def test_a_history_store_that_cannot_be_read_fails_planning_with_one_line(url: str) -> None:
+    """A typo in a recurring pipeline's history URL must not cold-start every run silently."""
+    spec = make_spec()
+    for call in (lambda: load_history(url, spec), lambda: load_history(url)):
+        with pytest.raises(StoreUnavailableError) as ei:
+            call()
+        msg = str(ei.value)
+        assert "\n" not in msg and "history.on_error" in msg and "secret" not in msg
+    with pytest.raises(StoreUnavailableError):
+        plan(spec, history=url)
+
+
+def test_on_error_cold_start_plans_cold_and_says_which_store_failed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    spec = make_spec()
+    spec = make_spec(history={"url": UNREACHABLE, "on_error": "cold_start"})
     with caplog.at_level(logging.WARNING):
-        assert load_history(UNREACHABLE, spec) == []
-        assert load_history(UNREACHABLE) == []
+        assert load_history(None, spec) == []
+        out = plan(spec)  # planning goes on, cold
     assert any("cold start" in r.getMessage() for r in caplog.records)
-    with caplog.at_level(logging.WARNING):
-        out = plan(spec, history=UNREACHABLE)  # planning goes on, cold
     assert out["stage"] == "cold_start"
+    assert out["history"]["records"] == 0 and "unavailable" in out["history"]["error"]
+    assert "secret" not in out["history"]["store"]
 
 
 def test_broken_sqlite_file_is_unavailable(tmp_path: Path) -> None:
@@ -231,7 +244,8 @@ def test_broken_sqlite_file_is_unavailable(tmp_path: Path) -> None:
     p.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreUnavailableError):
         HistoryStore(f"sqlite:///{p}").runs()
-    assert load_history(f"sqlite:///{p}", make_spec()) == []
+    with pytest.raises(StoreUnavailableError, match="bad.db"):
+        load_history(f"sqlite:///{p}", make_spec())
 
 
 def test_json_exports_still_read(tmp_path: Path) -> None:

@@ -464,3 +464,60 @@ def test_cold_start_adds_ps_until_the_expected_rows_fit_a_node() -> None:
     assert plan.ps.resources.memory_mib <= 65536
     assert "2 PS so that the expected embedding rows fit" in plan.reasons[1]
     assert plan.total.fits_in(spec.quota.resources)
+
+
+def test_runs_of_another_strategy_neither_warm_start_nor_feed_the_model() -> None:
+    """A PS run's sizes and speed samples do not describe an all-reduce job of the same model
+    and data (one signature): the all-reduce job starts cold and says why, and the reverse."""
+    samples = tuple(Sample(1, 1, 2.0, 2.0, 1000.0 + i) for i in range(6))
+    ps_runs = [
+        dataclasses.replace(r, extra={"samples": samples}, finished_at_s=10.0) for r in THREE_RUNS
+    ]
+    ar = make_spec(
+        signature={"pipeline": "test", "model": "dlrm-2t", "dataset": "synthetic"},
+        strategy="allreduce",
+        quota=WARM_QUOTA,
+    )
+    assert ar.signature_key == KEY
+    planner = Planner(ar)
+    assert similar_runs(ar, ps_runs, 100.0, DAY) == []
+    assert planner.history_samples(ps_runs, 100.0) == []
+    first = planner.initial_plan(ps_runs, 100.0)
+    assert first.stage is Stage.COLD_START
+    assert any("strategy ps not used" in r for r in first.reasons)
+    # the same runs recorded as all-reduce runs warm-start it
+    ar_runs = [dataclasses.replace(r, strategy="allreduce") for r in ps_runs]
+    assert len(similar_runs(ar, ar_runs, 100.0, DAY)) == 3
+    # and a PS job ignores all-reduce runs
+    ps = make_spec(
+        signature={"pipeline": "test", "model": "dlrm-2t", "dataset": "synthetic"},
+        quota=WARM_QUOTA,
+    )
+    assert similar_runs(ps, ar_runs, 100.0, DAY) == []
+    assert len(similar_runs(ps, ps_runs, 100.0, DAY)) == 3
+
+
+def test_a_record_keeps_its_strategy_through_json_and_the_store(tmp_path: Any) -> None:
+    from dlrover_core.history.records import record_from_dict, record_to_dict
+    from dlrover_core.history.store import HistoryStore
+    from dlrover_core.spec import spec_to_dict
+
+    r = dataclasses.replace(THREE_RUNS[0], strategy="allreduce")
+    assert record_from_dict(record_to_dict(r)).strategy == "allreduce"
+    assert (
+        record_from_dict({k: v for k, v in record_to_dict(r).items() if k != "strategy"}).strategy
+        == "ps"
+    )
+    ar = make_spec(strategy="allreduce")
+    with HistoryStore(f"sqlite:///{tmp_path}/h.db") as store:
+        store.record_run(
+            spec_to_dict(ar),
+            ar.signature_key,
+            {"state": "succeeded"},
+            make_plan(ps=(0, 0, 0)),
+            [],
+            {},
+            finished_at_s=5.0,
+        )
+        (rec,) = store.similar(ar.signature_key, 10.0, 100.0)
+    assert rec.strategy == "allreduce"

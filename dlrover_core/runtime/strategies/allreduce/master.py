@@ -263,8 +263,7 @@ class AllReduceMaster(JobMaster):
         if self.state.restored and self.state.plans:
             self._resume()
             return
-        plan = self._initial_plan or self.planner.initial_plan(self._history, self.clock())
-        plan = self._as_allreduce(plan)
+        plan = self._as_allreduce(self._first_plan())
         self._validate(plan)
         self._adopt_plan(plan)
         self._set_group_state(self._launch_group(plan, None), GEN_ACTIVE)
@@ -436,11 +435,17 @@ class AllReduceMaster(JobMaster):
         if now < self._next_replan_mono:
             return
         self._next_replan_mono = now + self.spec.pacing.replan_interval_s
-        new = allreduce_post_scale(
-            self.spec, self.plan, self.observations, now_s=self.clock(), options=self.options
+        new = self._call_planner(
+            "allreduce_post_scale",
+            allreduce_post_scale,
+            self.spec,
+            self.plan,
+            self.observations,
+            now_s=self.clock(),
+            options=self.options,
         )
         if new is None:
-            new = self._stage2()
+            new = self._call_planner("allreduce_scale", self._stage2)
         if (
             new is not None
             and not new.same_allocation(self.plan)
