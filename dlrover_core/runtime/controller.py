@@ -92,6 +92,8 @@ from dlrover_core.types import (
 )
 
 _T = TypeVar("_T")
+STOP_DRAIN_S = 10.0
+"""A clean stop waits this long at most for the shards in flight (then checkpoints)."""
 log = logging.getLogger("dlrover_rm.master")
 
 SPEC_FILE = "spec.json"
@@ -202,6 +204,7 @@ class JobMaster:
         self.started_s = clock()
         self.failure: str | None = None
         self.stop_reason: str | None = None  # set (e.g. by on_tick or a signal) to end early
+        self.stop_flush: dict[str, Any] | None = None  # what a clean stop kept for the resume
         self.heartbeat = HeartbeatPolicy(
             interval_s=spec.pacing.heartbeat_interval_s, dead_after_s=spec.pacing.dead_after_s
         )
@@ -1146,6 +1149,41 @@ class JobMaster:
         self._progress_switch()
         self._publish_ps_set()
 
+    def _flush_for_stop(self) -> str:
+        """A clean stop (SIGTERM, cancel) keeps what a resume needs, so that the resume
+        replays nothing: no new shard is handed out, the shards in flight finish (up to
+        ``STOP_DRAIN_S``), then the active PS set is frozen and checkpointed tagged with the
+        shard queue's done_seq. A PS not serving is not asked: the resume replays what its
+        latest checkpoint lacks, as after any PS loss."""
+        assert self.state is not None
+        from dlrover_core.runtime.strategies.ps.control import checkpoint_set, freeze_set
+
+        drained = self._drain_shards()
+        active = self.state.generations_in(GEN_ACTIVE)
+        if not active or self._switch is not None:
+            return f"{drained}; no settled PS set to checkpoint"
+        gid, count = int(active[-1]["id"]), int(active[-1]["count"])
+        serving, gone = self._serving(gid, count)
+        if not serving:
+            return f"{drained}; no PS serving"
+        freeze_set(serving, self.token, True)
+        seq = self.state.shards.done_seq
+        checkpoint_set(serving, self.token, seq)
+        lost = f" ({', '.join(m.name for m in gone)} not serving)" if gone else ""
+        return f"{drained}; {len(serving)} PS checkpointed at done_seq {seq}{lost}"
+
+    def _drain_shards(self) -> str:
+        """Hand out no new shard and wait (up to ``STOP_DRAIN_S``) for those in flight."""
+        assert self.state is not None
+        self.state.dispatch_paused = True
+        deadline = self.mono() + STOP_DRAIN_S
+        while self.state.shards.counts()["doing"] and self.mono() < deadline:
+            for e in self.backend.poll():  # a node that exits meanwhile does not finish
+                log.info("%s-%d exited during the stop: %s", e.role.value, e.node_id, e.reason)
+            time.sleep(0.1)
+        left = self.state.shards.counts()["doing"]
+        return "shards in flight finished" if not left else f"{left} shard(s) still in flight"
+
     def _changing(self) -> bool:
         """A change of the node set is in progress (the job cannot end meanwhile)."""
         return self._switch is not None
@@ -1323,6 +1361,14 @@ class JobMaster:
             # between two observations, and evaluating takes seconds with none
             with contextlib.suppress(Exception):
                 self._timeline(st.observation(self.clock(), self._allocated()))
+        if self.failure is None and self.stop_reason is not None and st is not None:
+            t0 = self.mono()
+            try:
+                flushed = self._flush_for_stop()
+            except Exception as e:  # a stop still stops: the resume replays what was lost
+                flushed = f"not flushed ({type(e).__name__}: {e}); the resume replays"
+            self.stop_flush = {"s": round(self.mono() - t0, 3), "result": flushed}
+            log.info("clean stop: %s in %.1f s", flushed, self.stop_flush["s"])
         try:
             self.backend.shutdown()
         except Exception as e:
@@ -1348,6 +1394,7 @@ class JobMaster:
                         wall_s=self.clock() - self.started_s,
                         launches=self.launches,
                         stopped=self.stop_reason,
+                        stop_flush=self.stop_flush,
                         model_choice=self._call_planner("model_choice", self.planner.model_choice),
                     )
                     break

@@ -120,8 +120,10 @@ def write_report(
     launches: list[dict[str, Any]] | None = None,
     stopped: str | None = None,
     model_choice: dict[str, Any] | None = None,
+    stop_flush: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``model_choice``: the planner's model-form choice (``Planner.model_choice``), which
+    """``stop_flush``: what a clean stop kept for the resume, and how long it took.
+    ``model_choice``: the planner's model-form choice (``Planner.model_choice``), which
     the history keeps for the job's next run."""
     q = state.shards
     counts = q.counts()
@@ -167,6 +169,7 @@ def write_report(
         # the planner's worker_change_pause_s / ps_change_pause_s stand for
         "plan_changes": plan_change_costs([p.get("time_s") for p in state.plans], timeline),
         "model_choice": model_choice,
+        "stop_flush": stop_flush,
         "launches": list(launches or []),
         "first_shard_taken_s": _first_takes(state),
         "registered_at_s": {

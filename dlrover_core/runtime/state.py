@@ -219,6 +219,7 @@ class MasterState:
         # with every shard done, workers are told "done" only once the master says the job
         # can end (a PS lost at the end may still give shards back); in memory, not persisted
         self.workers_may_leave = True
+        self.dispatch_paused = False  # a clean stop drains: no new shard is handed out
         if self.state_path.exists():
             self._restore(config)
         self.shards = ShardQueue.open(
@@ -693,6 +694,8 @@ class MasterState:
             self._check_current(rec, incarnation)
             if rec.stop_requested or rec.state in _FINISHED:
                 return {"stop": True}
+            if self.dispatch_paused:
+                return {"wait": True}
             shard = self.shards.take(worker_id, held)
             if shard is not None:
                 return shard.to_dict()

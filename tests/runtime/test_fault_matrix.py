@@ -243,13 +243,21 @@ def test_an_exception_in_the_loop_stops_every_node_and_reports(tmp_path: Path, r
 def test_sigterm_stops_cleanly_and_the_run_resumes(tmp_path: Path, run: Path) -> None:
     p = _train(tmp_path, run, rows=LONG_ROWS)
     fk.wait_trained(p, tmp_path, run, LONG_ROWS * 0.2)
+    t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     assert _finish(p, 60) != 0
+    stop_s = time.monotonic() - t0
     r = fk.report(run)
     assert r["state"] == "stopped" and "SIGTERM" in r["reason"]
+    # a clean stop flushes what the resume needs, within 30 s (issue 35 item 4)
+    assert stop_s < 30, stop_s
+    assert "checkpointed at done_seq" in r["stop_flush"]["result"], r["stop_flush"]
     fk.assert_no_orphans(run)
     assert _resume(tmp_path, run, rows=LONG_ROWS) == 0
-    fk.check_exactly_once(fk.report(run))
+    resumed = fk.report(run)
+    fk.check_exactly_once(resumed)
+    # the resume replays no shard and reports no fault
+    assert resumed["shards_replayed"] == 0 and resumed["faults"] == [], resumed["faults"]
     fk.assert_no_orphans(run)
 
 

@@ -611,6 +611,12 @@ class AllReduceMaster(JobMaster):
         self._set_group_state(self._launch_group(self.plan, None), GEN_ACTIVE)
 
     # --- the end -------------------------------------------------------------------------------
+    def _flush_for_stop(self) -> str:
+        """No new shard; the group checkpoints the shards it holds (rank 0 is told to wait
+        with trained shards pending), which reports them done; its stop then writes a final
+        checkpoint: the resume loads it and replays nothing."""
+        return f"{self._drain_shards()}; the group checkpoints as it stops"
+
     def _finish(self) -> dict[str, Any]:
         from dlrover_core.runtime.report import amend_report
 
