@@ -328,6 +328,12 @@ class TrainingSpec(_Strict):
         le=2**32 - 1,
         description="seed of the dense parameters' initial values (null: a random start)",
     )
+    init_from: str | None = Field(
+        default=None,
+        description="start from an earlier run's exported model (a model directory or an "
+        "fsspec URL of one: model.pt + model_card.json), PS or all-reduce alike; ids it never "
+        "saw start fresh, the optimizer state starts afresh",
+    )
     # PS data plane: the first `dense_warmup` updates of a dense parameter ramp its lr up
     # linearly (Adagrad's first steps are lr·sign(g) on every weight; without it they switch
     # the bottom MLP's ReLU outputs off for good in a few runs in a hundred: notes/issue-12.md)

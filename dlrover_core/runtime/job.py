@@ -62,6 +62,9 @@ def train(
         if surl is not None:
             _publish(rd, report, surl, None)
         return report
+    from dlrover_core.training.carry import prepare_parent
+
+    lineage = prepare_parent(spec, rd)  # training.init_from: checked before anything starts
     master_cls = JobMaster
     if spec.strategy == "allreduce":
         from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
@@ -90,6 +93,7 @@ def train(
     report["history_run_id"] = None
     if history_read is not None:
         report["history"] = dict(history_read)
+    report["init_from"] = lineage
     mdir = Path(model_dir) if model_dir else rd / "model"
     if report.get("state") == "succeeded":
         if surl is not None:
@@ -245,6 +249,7 @@ def _amend(rd: Path, report: dict[str, Any], data: dict[str, Any] | None) -> Non
         "run_url",
         "model_url",
         "history",
+        "init_from",
     )
     extra: dict[str, Any] = {k: report[k] for k in keys if k in report}
     if data is not None:

@@ -392,6 +392,23 @@ def _data_range(spec: JobSpec, source: Any, report: dict[str, Any] | None) -> di
     return out
 
 
+def _lineage(rd: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """Where the model came from: the parent it started from (``training.init_from``), and
+    the rows trained over the whole chain of carried-forward runs."""
+    from dlrover_core.training.carry import read_lineage
+
+    parent = read_lineage(rd)
+    own = int(data.get("samples_trained") or 0)
+    if parent is None:
+        return {"parent": None, "generation": 0, "rows_trained_total": own}
+    return {
+        "parent": parent,
+        "generation": int(parent.get("generation") or 1),
+        "rows_trained_total": int(parent.get("rows_trained_total") or 0) + own,
+        "optimizer": parent.get("optimizer"),
+    }
+
+
 def export_model(
     run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, evaluate: bool = True
 ) -> dict[str, Any]:
@@ -430,6 +447,7 @@ def export_model(
     }
     source = from_spec(spec)
     card["data"] = _data_range(spec, source, report)
+    card["lineage"] = _lineage(rd, card["data"])
     card["held_out"] = {"rows": 0, "auc": None, "logloss": None}
     if evaluate and spec.data.eval_rows > 0:
         model = _module(card, tensors)

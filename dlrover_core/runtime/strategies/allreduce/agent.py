@@ -66,6 +66,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -446,6 +447,8 @@ class RankAgent:
                 f"rank {a.rank} does not see checkpoint {seq} under {self.store.root}: every "
                 "rank must mount the same checkpoint directory"
             )
+        if latest is None:
+            self._start_from_parent(trainer)
         if latest is not None:
             state = trainer.state_dict()
             load_into(state, latest.path)
@@ -523,6 +526,39 @@ class RankAgent:
                 self.exit_reason = "job done" if cmd == CMD_DONE else "stopped at a checkpoint"
                 self._event("exit", code=EXIT_OK, reason=self.exit_reason)
                 return EXIT_OK
+
+    def _start_from_parent(self, trainer: Any) -> None:
+        """A first group of a run with ``training.init_from``: rank 0 fills a fresh model
+        from the parent (:mod:`dlrover_core.training.carry`) and writes it where every rank
+        loads it (resharded to this group's plan); the optimizer starts afresh."""
+        from dlrover_core.training.carry import ParentTables, fill_local_state, parent_path
+
+        src = parent_path(self.args.run_dir)
+        if not self.spec.training.init_from or not src.exists():
+            return
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        from dlrover_core.training.model import LocalDLRM
+
+        init_dir = src.parent / "allreduce-start"
+        if self.args.rank == 0:
+            torch.manual_seed(self.spec.training.seed or 0)
+            local = LocalDLRM(self.spec.model)
+            sd = local.state_dict()
+            with torch.no_grad():
+                filled = fill_local_state(self.spec, sd, ParentTables.load(src))
+            if init_dir.exists():
+                shutil.rmtree(init_dir, ignore_errors=True)
+            dcp.save({"model": sd}, checkpoint_id=str(init_dir), no_dist=True)
+            self._event("parent_written", tables=filled)
+        dist.barrier()
+        state = {"model": trainer.model.state_dict()}
+        load_into(state, init_dir)
+        trainer.model.load_state_dict(state["model"])
+        trainer.warm_up_dense(self.spec.training.dense_warmup)
+        self._event("started_from_parent")
 
     def _decide(self, stop: bool, pending: bool, due: bool) -> tuple[int, list[Shard]]:
         """Rank 0: the round's command (see the module docstring) and the shards it took."""

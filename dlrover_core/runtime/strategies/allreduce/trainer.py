@@ -200,8 +200,18 @@ class RankTrainer:
             lambda params: opt_cls(params, lr=lr),  # type: ignore[call-arg]
         )
         self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
+        self._dense_opt = dense
+        self._lr = lr
+        self.dense_warmup = 0  # steps over which the dense lr ramps up (set for a warm start)
         self.steps = 0
         self.samples = 0
+
+    def warm_up_dense(self, steps: int) -> None:
+        """Ramp the dense lr up linearly over the next ``steps`` steps (as the PS does with
+        ``training.dense_warmup``): a model carried forward meets a fresh Adagrad, whose first
+        update is ``lr·sign(g)`` on every weight of the trained tower."""
+        self.dense_warmup = max(0, int(steps))
+        self._warmup_from = self.steps
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -245,6 +255,13 @@ class RankTrainer:
         per_row = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
         loss_sum = (per_row * weight).sum()
         (loss_sum / max(real, 1)).backward()
+        if self.dense_warmup:
+            k = self.steps - self._warmup_from + 1
+            scale = min(1.0, k / self.dense_warmup)
+            for g in self._dense_opt.param_groups:
+                g["lr"] = self._lr * scale
+            if scale >= 1.0:
+                self.dense_warmup = 0
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.steps += 1

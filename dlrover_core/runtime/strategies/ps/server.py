@@ -92,7 +92,18 @@ import numpy.typing as npt
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
 from dlrover_core.runtime.strategies.ps import optim
-from dlrover_core.runtime.strategies.ps.partition import as_uint64, splitmix64, table_salt
+from dlrover_core.runtime.strategies.ps.partition import (
+    as_uint64,
+    dense_owners,
+    splitmix64,
+    table_salt,
+)
+from dlrover_core.training.carry import (
+    CARRIED_ACCUMULATOR,
+    ParentTable,
+    ParentTables,
+    parent_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -270,8 +281,17 @@ class _Table:
     inserts are vectorised binary searches and the index costs 16 bytes a row. The caller
     holds ``arena.lock``."""
 
-    def __init__(self, name: str, dim: int, seed: int, init_std: float, arena: _Arena) -> None:
+    def __init__(
+        self,
+        name: str,
+        dim: int,
+        seed: int,
+        init_std: float,
+        arena: _Arena,
+        parent: ParentTable | None = None,
+    ) -> None:
         self.name = name
+        self.parent = parent  # the carried-forward model's rows (training.init_from)
         self.dim = dim
         self.seed = seed
         self.init_std = init_std
@@ -358,7 +378,22 @@ class _Table:
             self.arena.weights[new_rows] = init_rows(
                 self.name, new_ids, self.dim, self.seed, self.init_std
             )
+            self.from_parent(new_ids, new_rows)
         return rows, int(new_ids.size)
+
+    def from_parent(self, new_ids: I64, new_rows: I64) -> None:
+        """New rows (just initialised) whose id the carried-forward model trained start from
+        its row; a trained row meets a fresh Adagrad, so its accumulator starts warm and its
+        first update is not ``lr·sign(g)`` (``carry.CARRIED_ACCUMULATOR``)."""
+        if self.parent is None or not new_ids.size:
+            return
+        found, rows_p = self.parent.lookup(new_ids)
+        if not rows_p.size:
+            return
+        carried = new_rows[found]
+        self.arena.weights[carried] = rows_p
+        if self.arena.opt == "adagrad":
+            self.arena.slots[0][carried] = CARRIED_ACCUMULATOR
 
     def gather(self, ids: I64) -> tuple[F32, int]:
         """Rows of ``ids`` (any order, duplicates allowed), creating absent ones."""
@@ -473,9 +508,11 @@ class PSShard:
         init_std: float = DEFAULT_INIT_STD,
         eps: float | None = None,
         optimizer: str = "adagrad",
+        parent: ParentTables | None = None,
     ) -> None:
         self.index = index
         self.num_ps = num_ps
+        self.parent = parent
         self.seed = seed
         self.init_std = init_std
         self.eps = eps
@@ -524,7 +561,7 @@ class PSShard:
                 t = self._tables.get(name)
                 if t is None:
                     t = self._tables[name] = _Table(
-                        name, dim, self.seed, self.init_std, self._arena(dim)
+                        name, dim, self.seed, self.init_std, self._arena(dim), self._parent(name)
                     )
         if t.dim != dim:
             raise ValueError(f"table {name!r} has dim {t.dim} on this PS, the caller says {dim}")
@@ -538,6 +575,18 @@ class PSShard:
             g = np.asarray(grads)
             t = self.table(name, int(g.shape[-1]) if g.ndim else 0)
         return t
+
+    def _parent(self, name: str) -> ParentTable | None:
+        return None if self.parent is None else self.parent.tables.get(name)
+
+    def seed_dense_from_parent(self) -> list[str]:
+        """A fresh shard of a carried-forward run: the dense parameters this PS owns start
+        from the parent's (workers' ``init_dense`` then finds them: the first writer wins)."""
+        if self.parent is None or not self.parent.dense:
+            return []
+        owners = dense_owners(self.parent.dense, self.num_ps)
+        mine = {k: v for k, v in self.parent.dense.items() if owners[k] == self.index}
+        return self.init_dense(mine) if mine else []
 
     @property
     def tables(self) -> dict[str, int]:
@@ -635,7 +684,7 @@ class PSShard:
     def _lookup_all(self, arena: _Arena, segs: Sequence[tuple[_Table, I64]]) -> tuple[I64, int]:
         """Arena rows of each segment's sorted unique ids, in order; new rows initialised in
         one vectorised call for all tables. The caller holds ``arena.lock``."""
-        parts, mixes, new_ids, new_rows = [], [], [], []
+        parts, mixes, new_ids, new_rows, new_in = [], [], [], [], []
         for t, ids in segs:
             r, ni, nr = t.lookup(ids)
             parts.append(r)
@@ -643,10 +692,13 @@ class PSShard:
                 mixes.append(np.full(ni.size, t.mix, np.uint64))
                 new_ids.append(ni)
                 new_rows.append(nr)
+                new_in.append(t)
         if new_ids:
             arena.weights[np.concatenate(new_rows)] = _init_mixed(
                 np.concatenate(mixes), np.concatenate(new_ids), arena.dim, self.init_std
             )
+            for t, ni, nr in zip(new_in, new_ids, new_rows, strict=True):
+                t.from_parent(ni, nr)
         created = sum(a.size for a in new_ids)
         if not parts:
             return np.empty(0, np.int64), created
@@ -851,7 +903,7 @@ class PSShard:
         arenas: dict[int, _Arena] = {}
         for name, ts in state.tables.items():
             arena = arenas.setdefault(ts.dim, _Arena(ts.dim, ts.optimizer))
-            t = _Table(name, ts.dim, self.seed, self.init_std, arena)
+            t = _Table(name, ts.dim, self.seed, self.init_std, arena, self._parent(name))
             t.load(ts)
             tables[name] = t
         dense = {}
@@ -1358,6 +1410,8 @@ def restore_tagged(
         tags = [s.tag for s in res.sources if s.tag >= 0]
         tag = min(tags) if len(tags) == len(res.sources) and tags else restore_seq
         return shard, None, "reshard:" + ",".join(str(d) for d in restore_from), max(0, tag)
+    if shard.seed_dense_from_parent():
+        return shard, None, "parent model", 0
     return shard, None, "empty", 0
 
 
@@ -1447,8 +1501,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # an older incarnation may still hold the directory until it learns it is superseded
         lock = _lock_dir(own_dir, wait_s=max(10.0, args.dead_after_s + 5.0))
+        pfile = parent_path(run_dir)
+        parent = ParentTables.load(pfile) if pfile.exists() else None
         shard, restored, source, tag = restore_tagged(
-            args.index, args.num_ps, own_dir, restore_from, args.restore_seq, seed=args.seed
+            args.index,
+            args.num_ps,
+            own_dir,
+            restore_from,
+            args.restore_seq,
+            seed=args.seed,
+            parent=parent,
         )
     except ckpt.CheckpointError as e:
         print(f"ps {args.index}: cannot restore: {' '.join(str(e).split())}", file=sys.stderr)
