@@ -257,6 +257,7 @@ def train(
     js = resolve_spec(spec, overrides)
     rp = _resolve_plan(plan)
     recs, read = read_history(history, js)
+    js, init_note = resolve_init_from(js, recs)
     return run_job(
         js,
         plan=rp,
@@ -266,7 +267,38 @@ def train(
         history_url=history,
         model_dir=model_dir,
         history_read=read,
+        init_note=init_note,
     )
+
+
+def resolve_init_from(
+    js: JobSpec, history: Sequence[HistoryRecord]
+) -> tuple[JobSpec, dict[str, Any] | None]:
+    """``training.init_from: last`` made concrete: the newest model of the signature in the
+    history, or none (a fresh start, said in the log and the report). Also an empty value or
+    a template that rendered to nothing (Airflow's "None" when no earlier XCom exists)."""
+    from dlrover_core.training.carry import LAST, last_model
+
+    src = js.training.init_from
+    if src is None:
+        return js, None
+    if src.strip() in ("", "None", "null", "none"):
+        note = {"source": src, "model": None, "note": "no model given: a fresh start"}
+        log.info("training.init_from is empty: a fresh start")
+        return _with_init(js, None), note
+    if src != LAST:
+        return js, None
+    model, why = last_model(history)
+    if model is None:
+        log.warning("training.init_from: last: %s", why)
+    else:
+        log.info("training.init_from: last: %s, %s", why, model)
+    return _with_init(js, model), {"source": LAST, "model": model, "note": why}
+
+
+def _with_init(js: JobSpec, model: str | None) -> JobSpec:
+    t = js.training.model_copy(update={"init_from": model})
+    return js.model_copy(update={"training": t})
 
 
 def _resolve_plan(plan: str | Path | Mapping[str, Any] | None) -> Any:

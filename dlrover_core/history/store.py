@@ -290,6 +290,9 @@ class HistoryStore:
                 | {"failure": report.get("failure"), "run_dir": report.get("run_dir")}
                 # the planner's model-form choice: the job's next run starts from it
                 | {"model_choice": report.get("model_choice")}
+                # the exported model: the next run of a recurring job starts from it
+                # (training.init_from: last)
+                | {"model": report.get("model_url") or report.get("model_dir")}
             ),
         }
         for k in _PEAK_KEYS:
@@ -367,6 +370,8 @@ class HistoryStore:
             "job": r.job,
             "auc": r.auc,
         }
+        if (r.metrics or {}).get("model"):
+            extra["model"] = str(r.metrics["model"])
         choice = (r.metrics or {}).get("model_choice")
         if choice is not None:
             extra["model_choice"] = choice

@@ -31,6 +31,7 @@ def train(
     history_url: str | None = None,
     model_dir: str | Path | None = None,
     history_read: dict[str, Any] | None = None,
+    init_note: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``history_read``: which store the history came from and how many records matched
     (``api.read_history``), for the report."""
@@ -93,7 +94,7 @@ def train(
     report["history_run_id"] = None
     if history_read is not None:
         report["history"] = dict(history_read)
-    report["init_from"] = lineage
+    report["init_from"] = {**(init_note or {}), **(lineage or {})} or None
     mdir = Path(model_dir) if model_dir else rd / "model"
     if report.get("state") == "succeeded":
         if surl is not None:

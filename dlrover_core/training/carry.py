@@ -123,6 +123,32 @@ class ParentTables:
         os.replace(tmp, path)
 
 
+LAST = "last"
+"""``training.init_from: last``: the newest model of the job's signature in the history."""
+
+
+def last_model(history: Any) -> tuple[str | None, str]:
+    """``(model, why)`` for ``init_from: last``: the newest successful run of the signature
+    in ``history`` (records of any strategy: an export is strategy-free) whose exported model
+    is still there (a local directory with its card, or a URL); None and why when none is."""
+    runs = sorted(history, key=lambda r: r.finished_at_s, reverse=True)
+    gone = 0
+    for r in runs:
+        m = (r.extra or {}).get("model")
+        if not m:
+            continue
+        if "://" in m and not m.startswith("file://"):
+            return m, f"the model of run {r.extra.get('run_id')} ({r.extra.get('job')})"
+        if (Path(m.removeprefix("file://")) / CARD_FILE).is_file():
+            return m, f"the model of run {r.extra.get('run_id')} ({r.extra.get('job')})"
+        gone += 1
+    if not runs:
+        return None, "no successful run of this signature in the history: a fresh start"
+    if gone:
+        return None, f"the models of {gone} earlier run(s) are gone from disk: a fresh start"
+    return None, "no earlier run of this signature exported a model: a fresh start"
+
+
 def parent_path(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / INIT_DIR / PARENT_FILE
 
