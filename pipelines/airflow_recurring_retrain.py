@@ -8,7 +8,10 @@ Params (``dag.test(run_conf=...)``, ``airflow dags trigger --conf``):
 - ``spec``: the job spec (default: ``pipelines/specs/small.yaml``);
 - ``overrides``: spec overrides, ``["data.rows=50000", ...]``;
 - ``n_configs``: profiling trials (each ~10 s);
-- ``work_dir``: where samples, plan and the run directory go (default ``/tmp/dlrover-rm``).
+- ``work_dir``: where samples, plan and the run directory go (default ``/tmp/dlrover-rm``);
+- ``init_from``: the model the run starts from (default ``last``: the newest model of the
+  job's signature in the run history, yesterday's; a fresh start, said in the task log and
+  the report, when there is none; ``""``: the spec's own setting, a fresh start by default).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ with DAG(
         "overrides": Param([], type="array", items={"type": "string"}),
         "n_configs": Param(6, type="integer", minimum=1),
         "work_dir": Param("/tmp/dlrover-rm", type="string"),
+        "init_from": Param("last", type="string"),
     },
 ) as dag:
     profile = DLRoverProfileOperator(
@@ -66,5 +70,6 @@ with DAG(
         plan=plan.output,
         run_dir=f"{RUN}/run",
         poll_interval=2.0,
+        init_from="{{ params.init_from or None }}",
     )
     profile >> plan >> train

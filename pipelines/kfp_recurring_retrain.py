@@ -125,6 +125,7 @@ def recurring_retrain(
     overrides: list = [],  # noqa: B006 (KFP reads the default; it is never mutated)
     n_configs: int = 6,
     history: str = "",
+    init_from: str = "last",
 ):
     profile_task = _sized_profile(spec_yaml, overrides, n_configs)
     plan_task = dlrover_plan(
@@ -138,6 +139,7 @@ def recurring_retrain(
         plan=plan_task.outputs["plan"],
         overrides=overrides,
         history=history,
+        init_from=init_from,  # "last": yesterday's model from the history, else a fresh start
     )
     # The local backend runs the master, PS and workers inside this one pod: size it to the
     # plan's total (request == limit, so the pod gets what the plan assumed).
@@ -162,6 +164,7 @@ def recurring_retrain_k8s(
     state_pvc: str = STATE_PVC,
     poll_interval: float = 5.0,
     example_rows: int = EXAMPLE_ROWS,
+    init_from: str = "last",
 ):
     from kfp import kubernetes
 
@@ -194,6 +197,7 @@ def recurring_retrain_k8s(
         dataset=data,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         poll_interval=poll_interval,
+        init_from=init_from,  # "last": the newest model on the state claim, via the history
     )
     # the master and the nodes are pods of their own: this pod only submits and follows
     cpu = format_cpu(SUBMITTER_RESOURCES.cpu_millicores)

@@ -142,7 +142,14 @@ class DLRoverTrainOperator(_DLRoverBase):
     """Train on the plan; deferrable; returns the report dict. ``plan`` may be a dict (an
     upstream XCom), a JSON string (a rendered template) or a plan file path."""
 
-    template_fields: Sequence[str] = ("spec", "overrides", "plan", "run_dir", "poll_interval")
+    template_fields: Sequence[str] = (
+        "spec",
+        "overrides",
+        "plan",
+        "run_dir",
+        "poll_interval",
+        "init_from",
+    )
 
     def __init__(
         self,
@@ -151,9 +158,15 @@ class DLRoverTrainOperator(_DLRoverBase):
         run_dir: str | None = None,
         poll_interval: float | str = 5.0,
         start_timeout: float = 300.0,
+        init_from: str | None = None,
         **kwargs: Any,
     ) -> None:
+        """``init_from``: start from an earlier model (``training.init_from``): ``"last"``
+        (the newest of the signature in the history; a fresh start, said so, when none), a
+        model directory or URL, e.g. ``"{{ ti.xcom_pull(task_ids='train', key='model_url',
+        include_prior_dates=True) }}"`` (renders "None" before the first run: a fresh start)."""
         super().__init__(**kwargs)
+        self.init_from = init_from
         self.plan = plan
         self.run_dir = run_dir
         self.poll_interval = poll_interval
@@ -168,6 +181,12 @@ class DLRoverTrainOperator(_DLRoverBase):
             path.write_text(json.dumps(dict(plan), indent=2) + "\n")
             return str(path)
         return str(plan) if plan else None
+
+    def _init_over(self) -> list[str]:
+        v = None if self.init_from is None else str(self.init_from).strip()
+        if not v or v == "None":  # a template with nothing to render: the spec's own setting
+            return []
+        return [f"training.init_from={v}"]
 
     def _kubernetes_job(self) -> tuple[str, str] | None:
         """``(job, namespace)`` when the spec (after every override) runs on Kubernetes."""
@@ -195,7 +214,7 @@ class DLRoverTrainOperator(_DLRoverBase):
         # the master reads it from there, never from its command line or the ConfigMap
         res = api.submit(
             self.spec,
-            overrides=self.hook.overrides(_overrides(self.overrides)),
+            overrides=[*self.hook.overrides(_overrides(self.overrides)), *self._init_over()],
             plan=plan,
             history_url=url or None,
         )
@@ -232,7 +251,7 @@ class DLRoverTrainOperator(_DLRoverBase):
             # (which `ps` shows every user) and never in a log line
             env["DLROVER_RM_HISTORY"] = url
             cmd += ["--set", "history.url=null"]
-        for o in self.hook.overrides(_overrides(self.overrides)):
+        for o in [*self.hook.overrides(_overrides(self.overrides)), *self._init_over()]:
             cmd += ["--set", o]
         from dlrover_core.history.redact import redact_text
 
@@ -291,6 +310,8 @@ class DLRoverTrainOperator(_DLRoverBase):
         if (model_dir / "model_card.json").exists():
             report["model_dir"] = str(model_dir)
             context["ti"].xcom_push(key="model_dir", value=str(model_dir))
+            # the next run's init_from (a path here; a URL when the job ran on Kubernetes)
+            context["ti"].xcom_push(key="model_url", value=str(model_dir))
         self.log.info("job succeeded: %s", json.dumps(report)[:2000])
         return report
 

@@ -21,20 +21,36 @@ def test_the_second_scheduled_run_warm_starts_from_the_first(tmp_path: Path) -> 
     conf = {"overrides": ["data.rows=40000"], "n_configs": 1, "work_dir": str(tmp_path / "w")}
     first, _ = run_dag(tmp_path, env, conf)
     second, _ = run_dag(tmp_path, env, conf)
+    third, _ = run_dag(tmp_path, env, conf)
     assert first["state"] == second["state"] == "success", (first["tis"], second["tis"])
+    assert third["state"] == "success", third["tis"]
+    # the model carried forward (the DAG's init_from: last): the first run starts fresh and
+    # says so, each later one from the model of the run before it
+    inits = [r["report"]["init_from"] for r in (first, second, third)]
+    assert inits[0]["model"] is None and "fresh start" in inits[0]["note"], inits[0]
+    assert inits[1]["model"] == first["report"]["model_dir"], inits[1]
+    assert inits[2]["model"] == second["report"]["model_dir"], inits[2]
+    cards = [
+        json.loads((Path(r["report"]["model_dir"]) / "model_card.json").read_text())
+        for r in (first, second, third)
+    ]
+    assert [c["lineage"]["generation"] for c in cards] == [0, 1, 2]
+    assert [c["lineage"]["rows_trained_total"] for c in cards] == [40000, 80000, 120000]
     assert first["report"]["state"] == second["report"]["state"] == "succeeded"
     # the XCom report is the complete one: its history record and its model are in it
     for res in (first, second):
         assert res["report"]["complete"] and res["report"]["history_run_id"] is not None
         assert res["report"]["model_dir"], res["report"].get("export_error")
     # each run's report.json, complete once its train step has ended: both were recorded
-    r1, r2 = (json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("report.json")))
+    r1, r2, _ = (
+        json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("report.json"))
+    )
     assert r1["history_run_id"] is not None and r2["history_run_id"] is not None
     assert r2["history_run_id"] != r1["history_run_id"]
     # the plan step of each run (its XCom is this file): the second read the first's record
     # and fitted its model on the first run's samples too
     plans = [json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("plan.json"))]
-    assert [p["history"]["records"] for p in plans] == [0, 1], [p["history"] for p in plans]
+    assert [p["history"]["records"] for p in plans] == [0, 1, 2], [p["history"] for p in plans]
     assert "similar past runs" not in plans[0]["reasons"][0], plans[0]["reasons"]
     from dlrover_core.history.store import HistoryStore
 

@@ -22,6 +22,8 @@ def dlrover_train(
     state_pvc: str = "",
     run_id: str = "",
     poll_interval: float = 5.0,
+    init_from: str = "",
+    init_model: Input[Model] = None,
 ) -> str:
     """Run the job with the plan; the job master re-plans and scales while it trains.
 
@@ -58,6 +60,12 @@ def dlrover_train(
             job is named <spec name>-<8 hex of it>: each run is a job of its own, and a
             retried task follows its run's job instead of submitting another.
         poll_interval: On Kubernetes: seconds between reads of the job's state and log.
+        init_from: Start from an earlier model (training.init_from): "last" for the newest
+            model of the job's signature in the run history (a fresh start, said in the log
+            and the report, when there is none), a model directory or an fsspec URL of one;
+            empty: the spec's own setting.
+        init_model: Start from this model (an upstream or imported Model artifact, e.g. a
+            dsl.importer of yesterday's model URI); wins over init_from.
 
     With backend.kind kubernetes (in the spec or an override) the task submits the job's
     master as a Kubernetes Job and follows it through the API, streaming the master's log
@@ -85,6 +93,10 @@ def dlrover_train(
 
     spec = yaml.safe_load(spec_yaml)
     over = list(overrides)
+    if init_model is not None:
+        over.append(f"training.init_from={init_model.path}")
+    elif init_from:
+        over.append(f"training.init_from={init_from}")
     if state_pvc:
         over.append(f"backend.state_pvc={state_pvc}")
     js = api.resolve_spec(spec, over)
