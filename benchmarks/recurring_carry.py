@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from dlrover_core import api  # noqa: E402
 from dlrover_core.spec import load_spec, read_spec_file  # noqa: E402
-from dlrover_core.training.data import SyntheticCriteo, write_criteo_tsv  # noqa: E402
+from dlrover_core.training.data import drifting_day, file_spec, write_criteo_tsv  # noqa: E402
 
 SPECS = {
     "ps": ROOT / "pipelines/specs/small.yaml",
@@ -45,34 +45,14 @@ SPECS = {
 def write_day(
     path: Path, spec_path: Path, day: int, rows: int, eval_rows: int, drift: float, seed: int
 ) -> None:
-    spec = load_spec(spec_path)
-    tables = spec.model.embedding_tables
-    cards = [t.num_embeddings if isinstance(t.num_embeddings, int) else None for t in tables]
-    gen = SyntheticCriteo(
-        num_dense=spec.model.dense_features,
-        num_sparse=len(tables),
-        alpha=spec.data.ids.alpha,
-        new_id_rate=spec.data.ids.new_id_rate,
-        seed=seed,
-        cardinalities=cards,
-        num_rows=10**9,
-        bias=-1.2 + drift * day,
-    )
-    start = day * (rows + eval_rows)
-    write_criteo_tsv(path, gen.rows(start, start + rows + eval_rows))
+    b = drifting_day(load_spec(spec_path), day, rows, eval_rows, drift=drift, seed=seed)
+    write_criteo_tsv(path, b)
 
 
 def train(
     spec: Path, run_dir: Path, data: Path, rows: int, eval_rows: int, parent: Path | None
 ) -> dict[str, Any]:
-    d = read_spec_file(spec)
-    d["data"] = {
-        "source": "criteo_tsv",
-        "path": str(data),
-        "rows": rows,
-        "eval_rows": eval_rows,
-        "shard_batches": d["data"].get("shard_batches", 10),
-    }
+    d = file_spec(read_spec_file(spec), data, rows, eval_rows)
     over = ["pacing.replan_interval_s=600"]  # the comparison is of models, not of plans
     if parent is not None:
         over.append(f"training.init_from={parent}")

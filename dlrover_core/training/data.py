@@ -21,6 +21,7 @@ No torch import here: the job master and the profiler read data without it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -697,6 +698,46 @@ class CriteoTSV:
             return None
         out.extend(cats)
         return out
+
+
+def drifting_day(
+    spec: JobSpec, day: int, rows: int, eval_rows: int, *, drift: float = 0.15, seed: int = 0
+) -> Batch:
+    """Day ``day`` of a drifting stream for ``spec``'s model (``rows`` to train on, then
+    ``eval_rows`` held out): one planted truth (every head id's effect, the dense weights) and
+    each day new rows, so new ids, and a click rate shifted by ``drift`` in the logit a day. A
+    recurring retrain's test and benchmark data (write it with :func:`write_criteo_tsv`)."""
+    tables = spec.model.embedding_tables
+    gen = SyntheticCriteo(
+        num_dense=spec.model.dense_features,
+        num_sparse=len(tables),
+        alpha=spec.data.ids.alpha,
+        new_id_rate=spec.data.ids.new_id_rate,
+        seed=seed,
+        cardinalities=[
+            t.num_embeddings if isinstance(t.num_embeddings, int) else None for t in tables
+        ],
+        num_rows=10**12,
+        bias=-1.2 + drift * day,
+    )
+    start = day * (rows + eval_rows)
+    return gen.rows(start, start + rows + eval_rows)
+
+
+def file_spec(
+    spec_dict: dict[str, Any], path: str | os.PathLike[str], rows: int, eval_rows: int
+) -> dict[str, Any]:
+    """``spec_dict`` (a spec as a dict) reading a Criteo TSV file: its first ``rows`` lines
+    trained on, its last ``eval_rows`` held out."""
+    out = json.loads(json.dumps(spec_dict))
+    out["data"] = {
+        "source": "criteo_tsv",
+        "path": str(path),
+        "rows": rows,
+        "eval_rows": eval_rows,
+        "shard_batches": spec_dict.get("data", {}).get("shard_batches", 10),
+    }
+    return out
 
 
 def write_criteo_tsv(
