@@ -1,11 +1,12 @@
-# One command sets up and runs the demo (`make run`); one sets up and runs the tests (`make test`).
+# One command sets up and runs the demo (`make run`); one sets up and runs the tests (`make test`,
+# the fast tier, a few minutes; `make test-all`, everything, what CI runs).
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: run test lint typecheck fmt venv simulate bench lock clean
+.PHONY: run test test-all checks lint typecheck fmt venv simulate bench lock clean
 
 venv: $(STAMP)
 
@@ -33,8 +34,23 @@ fmt: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) lint typecheck
-	$(PY) -m pytest -q
+# Lint and type checks run first but never stop the tests; the target fails at the end if
+# either the checks or the tests did.
+CHECKS = $(MAKE) --no-print-directory lint && $(MAKE) --no-print-directory typecheck
+
+# The fast tier: no test in it trains for more than a few seconds (slow ones: -m slow).
+test: $(STAMP)
+	@$(CHECKS); checks=$$?; \
+	$(PY) -m pytest -q -m "not slow" --durations=10; tests=$$?; \
+	[ $$checks -eq 0 ] || echo "make test: lint or type checks failed (see above)"; \
+	[ $$tests -eq 0 ] && [ $$checks -eq 0 ]
+
+# Everything: the fast tier and the slow one (real training, fault matrix, pipelines).
+test-all: $(STAMP)
+	@$(CHECKS); checks=$$?; \
+	$(PY) -m pytest -q --durations=25; tests=$$?; \
+	[ $$checks -eq 0 ] || echo "make test-all: lint or type checks failed (see above)"; \
+	[ $$tests -eq 0 ] && [ $$checks -eq 0 ]
 
 simulate: $(STAMP)
 	$(PY) benchmarks/simulate_paper_table.py --jobs 1000 --json benchmarks/results/simulate.json

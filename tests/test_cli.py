@@ -210,9 +210,17 @@ def test_plan_says_which_history_store_it_read(
     rc, out, _ = run(["plan", "--spec", SMALL, "--history", "none"], capsys)
     assert rc == 0 and "history: none read (cold start)" in out
     url = "postgresql://u:s3cret@127.0.0.1:1/x"
+    # a store that cannot be read is one line naming it (password hidden) and the fix, exit 2
     rc, out, err = run(["plan", "--spec", SMALL, "--history", url, "--json"], capsys)
+    assert rc == 2 and "s3cret" not in out + err and err.count("\n") == 1, err
+    assert "u:***@127.0.0.1:1/x" in err and "history.on_error" in err
+    # ... unless the spec says to plan cold then: the plan says which store failed
+    cold = ["--set", "history.on_error=cold_start"]
+    rc, out, err = run(["plan", "--spec", SMALL, "--history", url, "--json", *cold], capsys)
     assert rc == 0 and "s3cret" not in out + err
-    assert json.loads(out)["history"] == {"store": "postgresql://u:***@127.0.0.1:1/x", "records": 0}
+    h = json.loads(out)["history"]
+    assert h["store"] == "postgresql://u:***@127.0.0.1:1/x" and h["records"] == 0
+    assert "unavailable" in h["error"] and "s3cret" not in h["error"]
 
 
 def test_log_json_lines_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:

@@ -66,7 +66,11 @@ def test_profile_writes_samples_csv(samples_csv: Path) -> None:
     assert rows, "the profile step wrote no samples"
 
 
-@pytest.mark.parametrize("with_samples", [False, True], ids=["cold", "samples"])
+@pytest.mark.parametrize(
+    "with_samples",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # samples: a real profile, ~20 s
+    ids=["cold", "samples"],
+)
 def test_plan_outputs_match_the_plan_artifact(
     tmp_path: Path, with_samples: bool, request: pytest.FixtureRequest
 ) -> None:

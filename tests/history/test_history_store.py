@@ -185,6 +185,7 @@ def _writer(url: str, worker: int, n: int) -> None:
         s.close()
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_concurrent_writers_on_one_sqlite_file(tmp_path: Path) -> None:
     url = _sqlite(tmp_path)
     ctx = mp.get_context("spawn")
@@ -244,7 +245,7 @@ def test_broken_sqlite_file_is_unavailable(tmp_path: Path) -> None:
     p.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreUnavailableError):
         HistoryStore(f"sqlite:///{p}").runs()
-    with pytest.raises(StoreUnavailableError, match="bad.db"):
+    with pytest.raises(StoreUnavailableError, match=r"bad\.db"):
         load_history(f"sqlite:///{p}", make_spec())
 
 

@@ -42,9 +42,7 @@ def test_the_second_scheduled_run_warm_starts_from_the_first(tmp_path: Path) -> 
         assert res["report"]["complete"] and res["report"]["history_run_id"] is not None
         assert res["report"]["model_dir"], res["report"].get("export_error")
     # each run's report.json, complete once its train step has ended: both were recorded
-    r1, r2, _ = (
-        json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("report.json"))
-    )
+    r1, r2, _ = (json.loads(p.read_text()) for p in sorted((tmp_path / "w").rglob("report.json")))
     assert r1["history_run_id"] is not None and r2["history_run_id"] is not None
     assert r2["history_run_id"] != r1["history_run_id"]
     # the plan step of each run (its XCom is this file): the second read the first's record

@@ -379,6 +379,7 @@ def start_master(run_dir: Path, port: int) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_sigkill_the_master_process_mid_job(tmp_path: Path) -> None:
     """Two workers keep training while the master process is SIGKILLed and started again on
     the same run dir: every shard is done exactly once."""

@@ -493,6 +493,7 @@ def test_the_alloc_hook_holds_extra_memory(
     assert job.worker().run() == EXIT_FATAL
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_the_worker_process_trains_and_exits_0(make_job: Callable[..., Job]) -> None:
     job = make_job(small_spec(rows=5_000))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -21,6 +21,7 @@ from dlrover_core.training.metrics import auc, logloss
 from dlrover_core.training.model import to_kjt
 
 SMALL = str(Path(__file__).resolve().parents[2] / "pipelines" / "specs" / "small.yaml")
+pytestmark = pytest.mark.slow  # one real train for the module (about 7 s here)
 OVERRIDES = ["data.rows=12000", "data.eval_rows=2000", "training.batch_size=200"]
 
 

@@ -158,6 +158,7 @@ def test_logloss_matches_torch() -> None:
     assert logloss(y, z) == pytest.approx(ref)
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_a_local_dlrm_learns_the_planted_labels() -> None:
     """The synthetic labels carry learnable signal: one pass of a few hundred steps.
 

@@ -215,6 +215,7 @@ def test_adopt_by_pod_name_after_a_master_restart(
     assert second.adopt(Role.PS, 0, 1, h.ref) is None  # ended: nothing to adopt
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_watch_resumes_and_relists_on_410(
     make_backend: MakeBackend, apiserver: ApiServerThread
 ) -> None:

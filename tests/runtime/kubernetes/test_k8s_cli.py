@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from apiserver import ApiServerThread
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,6 +50,7 @@ def _cli(tmp: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_submit_status_cancel_from_the_command_line(
     apiserver: ApiServerThread, tmp_path: Path
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from apiserver import ApiServerThread
 from conftest import FAST_RETRY, NAMESPACE
 from kubernetes import client as k8s
@@ -88,6 +89,7 @@ def test_two_masters_racing_for_an_expired_lease_cannot_both_win(
     assert refusal is not None and "took the lease first" in refusal
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_renew_survives_a_short_api_outage_but_not_past_the_duration(
     apiserver: ApiServerThread,
 ) -> None:

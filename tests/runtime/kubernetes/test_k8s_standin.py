@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from apiserver import ApiServerThread
 from conftest import NAMESPACE
 from kubelet import KubeletStandIn
@@ -116,6 +117,7 @@ def test_code_error_oom_and_delete(make_backend: MakeBackend, kubelet: KubeletSt
     assert e.exit_code == 143 and e.signal == 15  # SIGTERM ended it within the grace
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_delete_escalates_to_sigkill_after_the_grace(
     make_backend: MakeBackend, kubelet: KubeletStandIn
 ) -> None:
@@ -186,6 +188,7 @@ def test_resize_in_place_reaches_the_running_process(
     b.kill(h)
 
 
+@pytest.mark.slow  # over 3 s here: the full tier (make test-all)
 def test_usage_and_adoption_after_a_master_restart(
     make_backend: MakeBackend, kubelet: KubeletStandIn
 ) -> None:
