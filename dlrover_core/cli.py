@@ -107,6 +107,20 @@ def cmd_train(a: argparse.Namespace) -> int:
         f"{report['shards_completed_twice']}, lost: {report['shards_lost']})"
     )
     print(f"report: {report['run_dir']}/report.json, {report['run_dir']}/report.png")
+    init = report.get("init_from")
+    if init:  # what the model started from (training.init_from)
+        if init.get("source") and init.get("job") is not None:
+            auc = init.get("held_out_auc")
+            print(
+                f"started from: {init['source']} (job {init.get('job')}, "
+                f"{init.get('strategy')}, AUC {'?' if auc is None else round(auc, 4)}; "
+                f"generation {init.get('generation')}, optimizer state reset)"
+            )
+        else:
+            print(f"started from: scratch ({init.get('note')})")
+    h = report.get("history")
+    if h and h.get("store"):
+        print(f"history: {h['store']} ({h['records']} matching run(s) read)")
     if report["state"] != "succeeded" and report.get("failure"):
         print(f"error: job {report['state']}: {report['failure']}", file=sys.stderr)
     if report.get("model_dir"):
