@@ -240,6 +240,11 @@ class DataSpec(_Strict):
     ids: IdDistribution = IdDistribution()
     shard_batches: int = Field(default=10, gt=0, le=1_000_000, description="batches per data shard")
     seed: int = Field(default=0, ge=0, lt=2**62)
+    snapshot: bool = Field(
+        default=False,
+        description="a file source: copy the inputs into the run directory when the job starts "
+        "and train on the copy (else a change to an input fails the job)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
@@ -262,6 +267,10 @@ class DataSpec(_Strict):
             raise ValueError(
                 "data.path is read only by sources criteo_tsv and parquet; set data.source, or "
                 "remove data.path"
+            )
+        elif self.snapshot:
+            raise ValueError(
+                "data.snapshot copies input files; source 'synthetic' has none: remove it"
             )
         return self
 

@@ -323,7 +323,12 @@ class JobMaster:
         return cmd
 
     def _node_env(self, cores: int) -> dict[str, str]:
-        return {"PYTHONUNBUFFERED": "1"}
+        from dlrover_core.training.pin import PIN_ENV, PIN_FILE
+
+        env = {"PYTHONUNBUFFERED": "1"}
+        if (self.run_dir / PIN_FILE).exists():  # the inputs pinned at the start: every read checks
+            env[PIN_ENV] = str(self.run_dir / PIN_FILE)
+        return env
 
     def _node_spec(self, n: _Node) -> NodeSpec:
         cores = max(1, round(n.resources.cpu_cores))

@@ -5,14 +5,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlrover_core.errors import DLRoverError, InputError, StoreUnavailableError
 from dlrover_core.runtime import state_url
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import HistoryRecord, ResourcePlan, Role
+
+if TYPE_CHECKING:
+    from dlrover_core.training.pin import Pins
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +26,22 @@ def default_run_dir(spec: JobSpec) -> Path:
     return Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def train(
+def train(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run the job (:func:`_train`); the pinned-inputs variable it sets for this process's
+    reads is removed afterwards (a later job in this process has inputs of its own)."""
+    from dlrover_core.training.pin import PIN_ENV
+
+    before = os.environ.get(PIN_ENV)
+    try:
+        return _train(*args, **kwargs)
+    finally:
+        if before is None:
+            os.environ.pop(PIN_ENV, None)
+        else:
+            os.environ[PIN_ENV] = before
+
+
+def _train(
     spec: JobSpec,
     *,
     plan: ResourcePlan | None = None,
@@ -50,7 +70,11 @@ def train(
     surl = state_url_of(spec, rd)
     if surl is not None:
         _state_url_start(spec, rd, surl)
+    spec = snapshot_inputs(spec, rd)
     data, problem = check_data(spec)
+    pins: Pins | None = None
+    if problem is None:
+        pins, problem = pin_inputs(spec, rd, data)
     if problem is not None:
         from dlrover_core.runtime.report import failed_report
 
@@ -71,6 +95,7 @@ def train(
         from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
 
         master_cls = AllReduceMaster
+    on_tick = _with_input_check(shown, pins, data)
     master = master_cls(
         spec,
         rd,
@@ -78,7 +103,7 @@ def train(
         **extra,
         plan=plan,
         history=history or [],
-        on_tick=shown,
+        on_tick=on_tick,
     )
     try:
         report = master.run()
@@ -219,6 +244,82 @@ def fit_to_container(spec: JobSpec) -> tuple[JobSpec, str | None]:
         {"cpu": f"{quota.cpu_millicores}m", "memory": f"{quota.memory_mib}Mi"}
     )
     return spec.model_copy(update={"quota": q}), note
+
+
+def snapshot_inputs(spec: JobSpec, rd: Path) -> JobSpec:
+    """``data.snapshot``: copy the input into the run directory (once: a resumed job keeps
+    the copy it took at its start) and train on the copy."""
+    if not spec.data.snapshot or spec.data.path is None:
+        return spec
+    from dlrover_core.training.pin import SNAPSHOT_DIR, snapshot
+
+    rd.mkdir(parents=True, exist_ok=True)
+    try:
+        copy = snapshot(spec.data.path, rd / SNAPSHOT_DIR)
+    except OSError as e:
+        raise InputError(
+            f"data.snapshot: cannot copy data.path into {rd / SNAPSHOT_DIR} ({e}); free space "
+            "there or set data.snapshot: false"
+        ) from None
+    log.info("data: training on a snapshot of the input, %s", copy)
+    return spec.model_copy(update={"data": spec.data.model_copy(update={"path": copy})})
+
+
+def pin_inputs(
+    spec: JobSpec, rd: Path, data: dict[str, Any] | None
+) -> tuple[Pins | None, str | None]:
+    """Fingerprint the input files (``RUN/data_pin.json``), or on a resumed job check them
+    against the fingerprints it started with: ``(pins, why the job cannot run or None)``; a
+    change is also written into the report's data section (``data.changed``)."""
+    from dlrover_core.training.data import from_spec
+    from dlrover_core.training.pin import PIN_FILE, Pins, message
+
+    if spec.data.path is None:
+        return None, None
+    path = rd / PIN_FILE
+    if path.exists():  # a resumed job: the files it started with, checked in full
+        pins = Pins.load(path)
+        changed = pins.changes(deep=True)
+        if changed:
+            if data is not None:
+                data["changed"] = changed
+            return pins, message(changed)
+    else:
+        pins = Pins.of(from_spec(spec))
+        rd.mkdir(parents=True, exist_ok=True)
+        pins.save(path)
+    from dlrover_core.training.pin import PIN_ENV
+
+    os.environ[PIN_ENV] = str(path)  # this process's reads (the master's evaluation) check too
+    return pins, None
+
+
+def _with_input_check(
+    shown: Any, pins: Pins | None, data: dict[str, Any] | None
+) -> Callable[[Any], None] | None:
+    """The master's per-tick hook: the progress display, then the pinned inputs' check; a
+    change fails the job at once (the report's ``data.changed`` says which file, how)."""
+    if pins is None:
+        return shown
+    from dlrover_core.training.pin import CHECK_EVERY_S, message
+
+    due = [0.0]
+
+    def tick(master: Any) -> None:
+        if shown is not None:
+            shown(master)
+        now = time.monotonic()
+        if master.failure is not None or now < due[0]:
+            return
+        due[0] = now + CHECK_EVERY_S
+        changed = pins.changes()
+        if changed:
+            if data is not None:
+                data["changed"] = changed
+            master.failure = message(changed)
+            log.error("%s", master.failure)
+
+    return tick
 
 
 def check_data(spec: JobSpec) -> tuple[dict[str, Any] | None, str | None]:

@@ -33,6 +33,7 @@ import numpy as np
 
 from dlrover_core.errors import InputError
 from dlrover_core.history.redact import redact_url
+from dlrover_core.training.pin import Pins, attach
 
 if TYPE_CHECKING:
     from dlrover_core.spec import JobSpec
@@ -561,6 +562,7 @@ class CriteoTSV:
         self.max_rows = max_rows
         self._malformed: set[int] = set()
         self._first_bad: int | None = None
+        self.pins: Pins | None = None  # the job's pinned inputs (pin.attach): checked per read
 
     def _index(self) -> np.ndarray:
         """Start offset of every line, plus the file size as the end of the last one."""
@@ -643,6 +645,8 @@ class CriteoTSV:
     def rows(self, start: int, end: int) -> Batch:
         """Good records of lines ``[start, end)`` (``end`` clipped to the file)."""
         _check_range(start, end)
+        if self.pins is not None:
+            self.pins.check()
         end = min(end, self.num_lines)
         start = min(start, end)
         if start == end:
@@ -857,6 +861,7 @@ class ParquetCriteo:
         self._malformed_by_file = [0] * len(self._paths)
         self._seen_bad: set[int] = set()
         self._first_bad: int | None = None
+        self.pins: Pins | None = None  # the job's pinned inputs (pin.attach): checked per read
 
     def _show(self, p: str) -> str:
         return redact_url(p if not is_url(self.url) else f"{self.url.split('://')[0]}://{p}")
@@ -895,6 +900,8 @@ class ParquetCriteo:
 
     def _read(self, k: int, lo: int, hi: int) -> Any:
         """Rows ``[lo, hi)`` of file ``k`` as a pyarrow Table (only the row groups needed)."""
+        if self.pins is not None:
+            self.pins.check()
         pf = self._files[k]
         md = pf.metadata
         groups, first, pos = [], None, 0
@@ -1053,12 +1060,14 @@ def from_spec(spec: JobSpec) -> DataSource:
     if d.source == "criteo_tsv":
         if d.path is None:
             raise InputError("source 'criteo_tsv' needs data.path (a Criteo-format TSV file)")
-        return CriteoTSV(d.path, m.dense_features, len(tables), holdout=d.eval_rows, max_rows=cap)
+        return attach(
+            CriteoTSV(d.path, m.dense_features, len(tables), holdout=d.eval_rows, max_rows=cap)
+        )
     if d.source == "parquet":
         if d.path is None:
             raise InputError("source 'parquet' needs data.path (a Parquet file or folder)")
-        return ParquetCriteo(
-            d.path, m.dense_features, len(tables), holdout=d.eval_rows, max_rows=cap
+        return attach(
+            ParquetCriteo(d.path, m.dense_features, len(tables), holdout=d.eval_rows, max_rows=cap)
         )
     cards = [t.num_embeddings if isinstance(t.num_embeddings, int) else None for t in tables]
     return SyntheticCriteo(
