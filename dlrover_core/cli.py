@@ -13,6 +13,14 @@ from typing import Any
 from dlrover_core import __version__, api
 from dlrover_core.errors import DLRoverError, InputError
 
+# Exit codes (also in --help and the README)
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_BUG, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CODES = (
+    "exit codes: 0 ok; 1 the job failed (or stopped); 2 bad input (spec, file, URL, history "
+    "store); 3 a bug in dlrover-rm; 4 the model was rejected by the quality gate (quality.*); "
+    "130 interrupted"
+)
+
 # pipelines/ in a checkout, dlrover_rm/pipelines (a link to it there) in an installed wheel
 EXAMPLE_SPEC = (
     Path(__file__).resolve().parent.parent / "dlrover_rm" / "pipelines" / "specs" / "small.yaml"
@@ -123,6 +131,13 @@ def cmd_train(a: argparse.Namespace) -> int:
         print(f"history: {h['store']} ({h['records']} matching run(s) read)")
     if report["state"] != "succeeded" and report.get("failure"):
         print(f"error: job {report['state']}: {report['failure']}", file=sys.stderr)
+    if report["state"] == "rejected":
+        print(
+            f"rejected: {report.get('reason')}; the model is kept in "
+            f"{report.get('rejected_model_dir')} and published nowhere",
+            file=sys.stderr,
+        )
+        return EXIT_REJECTED
     if report.get("model_dir"):
         print(f"model: {report['model_dir']} (model.pt, model_card.json)")
     elif report.get("export_error"):
@@ -247,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dlrover-rm",
         description="Auto-size and run elastic DLRM training (after DLRover-RM, VLDB 2024).",
+        epilog=EXIT_CODES,
     )
     ap.add_argument("--version", action="version", version=f"dlrover-rm {__version__}")
     ap.add_argument(

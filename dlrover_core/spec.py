@@ -512,6 +512,22 @@ class HistorySpec(_Strict):
     )
 
 
+class QualitySpec(_Strict):
+    """The gate a trained model passes before anything uses it (the next pipeline step, the
+    next run's warm start and init_from): a run that misses it ends ``rejected``."""
+
+    min_auc: float | None = Field(
+        default=None, gt=0, le=1, description="held-out AUC the model must reach (null: none)"
+    )
+    max_auc_drop: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="how far below the previous good model of the signature its held-out AUC "
+        "may fall (null: no comparison)",
+    )
+
+
 class Signature(_Strict):
     pipeline: str = "default"
     model: str | None = None
@@ -636,6 +652,7 @@ class JobSpec(_Strict):
     backend: BackendSpec = BackendSpec()
     history: HistorySpec = HistorySpec()
     planner: PlannerSpec = PlannerSpec()
+    quality: QualitySpec = QualitySpec()
 
     @model_validator(mode="after")
     def _check_sizes(self) -> JobSpec:

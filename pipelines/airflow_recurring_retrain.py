@@ -9,6 +9,8 @@ Params (``dag.test(run_conf=...)``, ``airflow dags trigger --conf``):
 - ``overrides``: spec overrides, ``["data.rows=50000", ...]``;
 - ``n_configs``: profiling trials (each ~10 s);
 - ``work_dir``: where samples, plan and the run directory go (default ``/tmp/dlrover-rm``);
+- ``min_auc`` / ``max_auc_drop``: the quality gate (default 0.55 / 0.1): a model below it, or
+  that far below the last good one, ends the train task ``rejected`` and publishes nothing;
 - ``init_from``: the model the run starts from (default ``last``: the newest model of the
   job's signature in the run history, yesterday's; a fresh start, said in the task log and
   the report, when there is none; ``""``: the spec's own setting, a fresh start by default).
@@ -31,6 +33,9 @@ from dlrover_rm.operators.operators import (
 SPEC = str(Path(__file__).resolve().parent / "specs" / "small.yaml")
 RUN = "{{ params.work_dir }}/{{ dag.dag_id }}/{{ safe(run_id) }}"
 OVERRIDES = r"{{ params.overrides | join('\n') }}"
+# the quality gate: a model below min_auc, or more than max_auc_drop below the previous good
+# model, ends the train task "rejected" (kept under rejected/, no model_url XCom)
+GATE = "\nquality.min_auc={{ params.min_auc }}\nquality.max_auc_drop={{ params.max_auc_drop }}"
 
 with DAG(
     dag_id="dlrm_recurring_retrain",
@@ -47,6 +52,8 @@ with DAG(
         "n_configs": Param(6, type="integer", minimum=1),
         "work_dir": Param("/tmp/dlrover-rm", type="string"),
         "init_from": Param("last", type="string"),
+        "min_auc": Param(0.55, type="number", minimum=0, maximum=1),
+        "max_auc_drop": Param(0.1, type="number", minimum=0, maximum=1),
     },
 ) as dag:
     profile = DLRoverProfileOperator(
@@ -66,8 +73,8 @@ with DAG(
     train = DLRoverTrainOperator(
         task_id="train",
         spec="{{ params.spec }}",
-        overrides=OVERRIDES,
         plan=plan.output,
+        overrides=OVERRIDES + GATE,
         run_dir=f"{RUN}/run",
         poll_interval=2.0,
         init_from="{{ params.init_from or None }}",

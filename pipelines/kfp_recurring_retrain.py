@@ -63,6 +63,12 @@ STATE_MOUNT = "/var/lib/dlrover-rm"  # backend.state_mount_path's default
 # Settings that keep a --local run short on a small machine (2 profile configs, few rows).
 LOCAL_OVERRIDES = ["data.rows=20000", "data.eval_rows=2000"]
 LOCAL_N_CONFIGS = 2
+# The quality gate's defaults: a model no better than chance, or one that fell more than 0.1
+# held-out AUC below the last good model, is rejected and published nowhere. (The example's
+# synthetic data are the same rows every run: a model carried forward over them loses ~0.05
+# a run as it overfits; your data-prep step gives each run new rows.)
+MIN_AUC = 0.55
+MAX_AUC_DROP = 0.1
 EXAMPLE_ROWS = 200_000  # the k8s shape's example data-prep step
 LOCAL_EXAMPLE_ROWS = 22_000  # a --local run: LOCAL_OVERRIDES' 20000 rows + 2000 held out
 
@@ -126,6 +132,8 @@ def recurring_retrain(
     n_configs: int = 6,
     history: str = "",
     init_from: str = "last",
+    min_auc: float = MIN_AUC,
+    max_auc_drop: float = MAX_AUC_DROP,
 ):
     profile_task = _sized_profile(spec_yaml, overrides, n_configs)
     plan_task = dlrover_plan(
@@ -140,6 +148,8 @@ def recurring_retrain(
         overrides=overrides,
         history=history,
         init_from=init_from,  # "last": yesterday's model from the history, else a fresh start
+        min_auc=min_auc,  # the gate: a model below it, or too far below yesterday's, fails
+        max_auc_drop=max_auc_drop,  # the task and publishes nothing
     )
     # The local backend runs the master, PS and workers inside this one pod: size it to the
     # plan's total (request == limit, so the pod gets what the plan assumed).
@@ -165,6 +175,8 @@ def recurring_retrain_k8s(
     poll_interval: float = 5.0,
     example_rows: int = EXAMPLE_ROWS,
     init_from: str = "last",
+    min_auc: float = MIN_AUC,
+    max_auc_drop: float = MAX_AUC_DROP,
 ):
     from kfp import kubernetes
 
@@ -198,6 +210,8 @@ def recurring_retrain_k8s(
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         poll_interval=poll_interval,
         init_from=init_from,  # "last": the newest model on the state claim, via the history
+        min_auc=min_auc,
+        max_auc_drop=max_auc_drop,
     )
     # the master and the nodes are pods of their own: this pod only submits and follows
     cpu = format_cpu(SUBMITTER_RESOURCES.cpu_millicores)

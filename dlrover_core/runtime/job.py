@@ -125,11 +125,14 @@ def _train(
         if surl is not None:
             _pull_checkpoints(rd, surl)
         export_after_train(report, rd, mdir)
+        gate_model(spec, report, rd, mdir, history or [])
     if surl is not None:
         report["run_url"] = surl
         report["model_url"] = state_url.join(surl, "model") if report.get("model_dir") else None
     _amend(rd, report, data)
-    if report.get("state") == "succeeded" and master.plan is not None:
+    if report.get("state") in ("succeeded", "rejected") and master.plan is not None:
+        # a rejected run is recorded too (its sizes are worth knowing), as not succeeded: no
+        # warm start and no init_from: last reads it
         report["history_run_id"] = record_history(spec, report, master, history_url)
         if report["history_run_id"] is not None and (rd / "report.json").exists():
             from dlrover_core.runtime.report import amend_report
@@ -362,6 +365,58 @@ def _amend(rd: Path, report: dict[str, Any], data: dict[str, Any] | None) -> Non
     for k, v in list(report.items()):
         if isinstance(v, float):
             report[k] = json_safe(v)
+
+
+REJECTED_DIR = "rejected"
+
+
+def gate_model(
+    spec: JobSpec, report: dict[str, Any], rd: Path, mdir: Path, history: list[HistoryRecord]
+) -> None:
+    """The quality gate (``quality.*``, :mod:`dlrover_core.quality`) on a trained model: a
+    model that misses it is moved to ``RUN/rejected/model`` and the run ends ``rejected``
+    (its report says why; nothing publishes the model)."""
+    import shutil
+
+    from dlrover_core.quality import gate
+    from dlrover_core.runtime.report import amend_report
+
+    held = report.get("model_held_out") or {}
+    auc = held.get("auc") if held.get("auc") is not None else report.get("auc")
+    prev = next(
+        (
+            r.extra.get("auc")
+            for r in sorted(history, key=lambda r: r.finished_at_s, reverse=True)
+            if r.succeeded and r.extra.get("auc") is not None
+        ),
+        None,
+    )
+    v = gate(spec.quality, auc, prev)
+    report["quality"] = v.to_dict()
+    if v.passed:
+        if spec.quality.min_auc is not None or spec.quality.max_auc_drop is not None:
+            log.info("quality gate passed: %s", v.reason)
+        amend_report(rd, {"quality": report["quality"]})
+        return
+    kept = None
+    if mdir.exists():
+        dest = rd / REJECTED_DIR / "model"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.move(str(mdir), str(dest))
+        kept = str(dest)
+    report.update(state="rejected", reason=v.reason, model_dir=None, rejected_model_dir=kept)
+    log.error("model rejected: %s; kept in %s, published nowhere", v.reason, kept)
+    amend_report(
+        rd,
+        {
+            "state": "rejected",
+            "reason": v.reason,
+            "quality": report["quality"],
+            "model_dir": None,
+            "rejected_model_dir": kept,
+        },
+    )
 
 
 def export_after_train(report: dict[str, Any], run_dir: Path, out: Path) -> None:

@@ -140,7 +140,10 @@ def report_view(report: Mapping[str, Any]) -> View:
     state = str(report.get("state", "?"))
     v = View(title=f"{report.get('job', 'job')}: {state}", lead=str(report.get("signature") or ""))
     if report.get("reason"):
-        v.alert = ("Failure" if report.get("failure") else "Stopped", str(report["reason"]))
+        kind = "Failure" if report.get("failure") else "Stopped"
+        if state == "rejected":
+            kind = "Rejected by the quality gate"
+        v.alert = (kind, str(report["reason"]))
     held = report.get("model_held_out") or {}
     v.figures += [
         ("held-out AUC", _num(report.get("auc"), ".4f")),
@@ -169,6 +172,17 @@ def report_view(report: Mapping[str, Any]) -> View:
         )
     elif report.get("export_error"):
         v.figures.append(("exported model", f"not exported: {report['export_error']}"))
+    q = report.get("quality")
+    if isinstance(q, dict) and (q.get("min_auc") is not None or q.get("max_auc_drop") is not None):
+        verdict = "passed" if q.get("passed") else "REJECTED"
+        v.figures.append(("quality gate", f"{verdict}: {q.get('reason')}"))
+    init = report.get("init_from")
+    if isinstance(init, dict):
+        src = init.get("source") if init.get("job") is not None else None
+        v.figures.append(
+            ("started from", f"{src} (generation {init.get('generation')})" if src else
+             f"scratch: {init.get('note')}")
+        )  # fmt: skip
     if report.get("ps_switch_s"):
         v.figures.append(
             ("PS-set switches", ", ".join(f"{_num(s, '.1f')} s" for s in report["ps_switch_s"]))

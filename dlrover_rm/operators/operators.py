@@ -287,10 +287,16 @@ class DLRoverTrainOperator(_DLRoverBase):
             if event.get("job")
             else f"in {event.get('run_dir')}"
         )
-        if status != "succeeded":
+        if status != "succeeded":  # failed, stopped, or rejected by the quality gate
+            r = report or {}
             raise AirflowException(
                 f"DLRover-RM job {where} {status}: "
-                f"{(report or {}).get('failure') or event.get('message')}"
+                f"{r.get('failure') or r.get('reason') or event.get('message')}"
+                + (
+                    f"; model kept in {r['rejected_model_dir']}"
+                    if r.get("rejected_model_dir")
+                    else ""
+                )
             )
         report = dict(report or {})
         if event.get("job"):  # on Kubernetes: on the job's state volume, or at its state URL

@@ -120,7 +120,10 @@ class DLRoverJobTrigger(BaseTrigger):
                     reported = time.monotonic()
                 waited = reported is not None and time.monotonic() - reported > FINALIZE_S
                 if (report is not None and (report.get("complete") or waited)) or gone or gone_once:
-                    yield self._event(str(state), f"job {state}", report)
+                    # the report's state is the final word: a trained model the quality gate
+                    # rejected ends "rejected" although the training succeeded
+                    final = str((report or {}).get("state") or state)
+                    yield self._event(final, f"job {final}", report)
                     return
                 gone_once = self.pid is None and report is None  # no pid: one more poll
             elif self._master_gone():

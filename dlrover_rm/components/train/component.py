@@ -24,6 +24,8 @@ def dlrover_train(
     poll_interval: float = 5.0,
     init_from: str = "",
     init_model: Input[Model] = None,
+    min_auc: float = 0.0,
+    max_auc_drop: float = -1.0,
 ) -> str:
     """Run the job with the plan; the job master re-plans and scales while it trains.
 
@@ -66,6 +68,10 @@ def dlrover_train(
             empty: the spec's own setting.
         init_model: Start from this model (an upstream or imported Model artifact, e.g. a
             dsl.importer of yesterday's model URI); wins over init_from.
+        min_auc: The quality gate (quality.min_auc): a model whose held-out AUC is below it is
+            rejected: the task fails and the model output is left empty (0: the spec's own).
+        max_auc_drop: The quality gate (quality.max_auc_drop): how far below the previous good
+            model of the signature its AUC may fall (negative: the spec's own).
 
     With backend.kind kubernetes (in the spec or an override) the task submits the job's
     master as a Kubernetes Job and follows it through the API, streaming the master's log
@@ -97,6 +103,10 @@ def dlrover_train(
         over.append(f"training.init_from={init_model.path}")
     elif init_from:
         over.append(f"training.init_from={init_from}")
+    if min_auc > 0:
+        over.append(f"quality.min_auc={min_auc}")
+    if max_auc_drop >= 0:
+        over.append(f"quality.max_auc_drop={max_auc_drop}")
     if state_pvc:
         over.append(f"backend.state_pvc={state_pvc}")
     js = api.resolve_spec(spec, over)
@@ -207,6 +217,7 @@ def dlrover_train(
         )
     elif report["state"] == "succeeded":
         raise RuntimeError(f"the model was not exported: {report.get('export_error')}")
-    if report["state"] != "succeeded":
-        raise RuntimeError(f"training ended {report['state']}: {report.get('failure')}")
+    if report["state"] != "succeeded":  # failed, stopped, or rejected by the quality gate
+        why = report.get("failure") or report.get("reason")
+        raise RuntimeError(f"training ended {report['state']}: {why}")
     return report["state"]
