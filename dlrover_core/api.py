@@ -407,9 +407,14 @@ def submit(
         ref = (f"{s.name}-history", k8s.HISTORY_SECRET_KEY)
     if ref is not None and s.history.url:
         s = resolve_spec(s, ["history.url=null"])  # the Secret's URL wins (the env is read)
+    told = s
+    if not s.backend.state_pvc and not s.backend.state_url:
+        # submit creates the job's own claim (<job>-state): the master is told its name, or
+        # it would refuse to run nodes without one
+        told = resolve_spec(s, [f"backend.state_pvc={k8s.default_pvc_name(s.name)}"])
     cfg = k8s.MasterConfig.from_spec(
         s,
-        yaml.safe_dump(spec_to_dict(s), sort_keys=False),
+        yaml.safe_dump(spec_to_dict(told), sort_keys=False),
         plan_json=json.dumps(rp.to_dict(), allow_nan=False) if rp is not None else None,
         history_secret=ref,
     )

@@ -191,11 +191,23 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
-    _write_json(
-        api.submit(a.spec, overrides=a.overrides, plan=a.plan, history_secret=a.history_secret),
-        None,
+    res = api.submit(a.spec, overrides=a.overrides, plan=a.plan, history_secret=a.history_secret)
+    if not a.wait:
+        _write_json(res, None)
+        return 0
+    print(f"submitted {res['job']} to namespace {res['namespace']}: waiting", file=sys.stderr)
+    ev = api.follow(
+        res["job"],
+        res["namespace"],
+        poll_interval=a.poll_interval,
+        on_line=lambda pod, line: print(f"{pod} | {line}", file=sys.stderr),
     )
-    return 0
+    res |= {"state": ev["status"], "message": ev["message"], "report": ev.get("report")}
+    _write_json(res, None)
+    if ev["status"] == "succeeded":
+        return EXIT_OK
+    print(f"error: {ev['message']}", file=sys.stderr)
+    return EXIT_REJECTED if ev["status"] == "rejected" else EXIT_FAILED
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
@@ -355,6 +367,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Secret holding the history store URL (key 'url' by default): the master "
         "reads it as $DLROVER_RM_HISTORY; a spec history.url with a password goes into a "
         "Secret of the job's own",
+    )
+    sm.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job (its master's log on stderr) until it ends; exit 0 when it "
+        "succeeded, 1 when it failed or its master cannot start (image, crash loop, "
+        "unschedulable: said within a minute), 4 when its model was rejected",
+    )
+    sm.add_argument(
+        "--poll-interval",
+        type=float,
+        default=5.0,
+        help="with --wait: seconds between reads of the job (default 5)",
     )
     sm.set_defaults(func=cmd_submit)
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,7 +178,7 @@ class MasterConfig:
     def pvc_name(self) -> str | None:
         if self.state_pvc:
             return self.state_pvc
-        return None if self.state_url else f"{self.job_name}-state"
+        return None if self.state_url else default_pvc_name(self.job_name)
 
     @property
     def history_secret_name(self) -> str:
@@ -219,6 +219,11 @@ def _metrics_port(cfg: MasterConfig, container: bool) -> list[dict[str, Any]]:
     return [{"name": "metrics", "port": cfg.metrics_port, "targetPort": cfg.metrics_port}]
 
 
+def default_pvc_name(job_name: str) -> str:
+    """The claim ``submit`` creates for a job that names neither a claim nor a state URL."""
+    return f"{job_name}-state"
+
+
 def state_pvc(cfg: MasterConfig) -> dict[str, Any] | None:
     """The job's state claim (``None`` when the spec names its own or uses a URL)."""
     if cfg.state_pvc or cfg.state_url:
@@ -232,7 +237,7 @@ def state_pvc(cfg: MasterConfig) -> dict[str, Any] | None:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(cfg, f"{cfg.job_name}-state"),
+        "metadata": _meta(cfg, default_pvc_name(cfg.job_name)),
         "spec": spec,
     }
 
@@ -504,9 +509,13 @@ def job_outcome(
         final = str((report or {}).get("state") or "succeeded")
         return final, f"{where} {final}", report
     tail = [ln for text in logs.values() for ln in text.splitlines()][-5:]
-    why = (report or {}).get("failure") or (
-        f"the master Job failed ({(status.get('master') or {}).get('failed_pods', 0)} master "
-        "pod(s) failed); last log lines: " + " / ".join(tail)
+    why = (
+        (report or {}).get("failure")
+        or status.get("problem")
+        or (
+            f"the master Job failed ({(status.get('master') or {}).get('failed_pods', 0)} master "
+            "pod(s) failed); last log lines: " + " / ".join(tail)
+        )
     )
     return "failed", f"{where} failed: {why}", report
 
@@ -696,6 +705,13 @@ def follow(
             for pod, line in lines:
                 on_line(pod, line)
         if outcome is not None:
+            if st.get("master_blocked"):
+                # the master cannot start: stop the Job retrying it (the claim stays)
+                try:
+                    cancel(c, namespace, job_name)
+                    outcome = (outcome[0], outcome[1] + "; the job was cancelled", outcome[2])
+                except Exception as e:  # best effort: the failure is what matters
+                    outcome = (outcome[0], outcome[1] + f"; cancelling it failed: {e}", outcome[2])
             return result(*outcome)
         if not logs and now() - started > start_timeout:
             return result(
@@ -744,8 +760,22 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
     except ApiException as exc:
         if exc.status not in (403, 404):
             raise _api_error("read the run lease", exc) from exc
+    pods = _job_pods(api_client, namespace, job_name)
+    problem, blocked = None, False
+    if state in ("pending", "running", "failed"):
+        import time
+
+        failed = any(
+            (p.get("status") or {}).get("phase") == "Failed"
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == MASTER_ROLE
+        )
+        logs = master_logs(api_client, namespace, job_name, tail_lines=20) if failed else {}
+        problem = master_problem(pods, logs, time.time())
+        if problem is not None and state != "failed":
+            state, blocked = "failed", True  # the Job would go on retrying, or wait forever
     nodes = []
-    for pod in _job_pods(api_client, namespace, job_name):
+    for pod in pods:
         labels = pod["metadata"].get("labels") or {}
         if labels.get(LABEL_ROLE) == MASTER_ROLE or LABEL_NODE_ID not in labels:
             continue
@@ -771,6 +801,8 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
         "job": job_name,
         "namespace": namespace,
         "state": state,
+        "problem": problem,
+        "master_blocked": blocked,
         "master": {
             "active": js.get("active", 0),
             "failed_pods": js.get("failed", 0),
@@ -779,6 +811,80 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
         },
         "nodes": nodes,
     }
+
+
+MASTER_CRASHES = 2
+"""Master pods that failed before a job counts as crash-looping (the Job would retry up to
+its backoffLimit, minutes apart, with the same result)."""
+UNSCHEDULABLE_S = 45.0
+"""How long a master pod may stay unschedulable before the job counts as unable to start."""
+
+
+def master_problem(
+    pods: Sequence[Mapping[str, Any]], logs: Mapping[str, str], now_s: float
+) -> str | None:
+    """Why the job's master cannot start, from its pods (their JSON) and their logs; None
+    while nothing says so. Pure. An image that cannot be pulled or a container that cannot be
+    made (fatal waiting reasons); a master that refused its input (exit 2: it will refuse
+    again); :data:`MASTER_CRASHES` failed master pods; a pod unschedulable for
+    :data:`UNSCHEDULABLE_S`. The message names the pod and the reason, with the last log line."""
+    from dlrover_core.runtime.backends.base import FATAL_WAITING_REASONS
+    from dlrover_core.runtime.backends.kubernetes_pods import _parse_time
+
+    def last_line(name: str) -> str:
+        lines = [ln.strip() for ln in (logs.get(name) or "").splitlines() if ln.strip()]
+        return lines[-1] if lines else "no log"
+
+    masters = [
+        p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == MASTER_ROLE
+    ]
+    masters.sort(
+        key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"])
+    )
+    failed = []
+    for p in masters:
+        name = p["metadata"]["name"]
+        st = p.get("status") or {}
+        for cs in st.get("containerStatuses") or []:
+            w = (cs.get("state") or {}).get("waiting") or {}
+            if w.get("reason") in FATAL_WAITING_REASONS:
+                why = f"{w['reason']}: {w.get('message')}" if w.get("message") else w["reason"]
+                return f"master pod {name} cannot start: {why}"
+        for c in st.get("conditions") or []:
+            if (
+                c.get("type") == "PodScheduled"
+                and c.get("status") == "False"
+                and c.get("reason") == "Unschedulable"
+            ):
+                since = _parse_time(
+                    c.get("lastTransitionTime") or p["metadata"].get("creationTimestamp")
+                )
+                if since is not None and now_s - since >= UNSCHEDULABLE_S:
+                    return (
+                        f"master pod {name} is unschedulable for {now_s - since:.0f} s: "
+                        f"{c.get('message') or 'no node fits its requests'}; lower the master's "
+                        "requests or add capacity"
+                    )
+        if st.get("phase") == "Failed":
+            failed.append(p)
+    if not failed:
+        return None
+    last = failed[-1]
+    name = last["metadata"]["name"]
+    codes = [
+        t.get("exitCode")
+        for cs in (last.get("status") or {}).get("containerStatuses") or []
+        if (t := (cs.get("state") or {}).get("terminated"))
+    ]
+    code = codes[0] if codes else None
+    if code == 2:
+        return f"the master refused its input (pod {name}, exit 2): {last_line(name)}"
+    if len(failed) >= MASTER_CRASHES:
+        return (
+            f"the master crashed {len(failed)} times (last: pod {name}, exit {code}): "
+            f"{last_line(name)}"
+        )
+    return None
 
 
 def master_logs(
