@@ -3,7 +3,8 @@
 #   docker build -t dlrover-rm:0.1.0 .
 # The steps mirror the Makefile's venv target: torch (CPU wheel) and fbgemm-gpu-cpu from the
 # pins, torchrec without its dependencies (its metadata asks for the CUDA fbgemm-gpu), then the
-# project with the extras a pipeline step needs.
+# project with the `image` extra: what every step of both example pipelines and a job's master
+# and nodes on Kubernetes import (tests/test_image_deps.py checks it against the code).
 FROM python:3.11-slim
 
 ENV PIP_NO_CACHE_DIR=1 \
@@ -17,7 +18,7 @@ RUN pip install -c constraints.txt --index-url https://download.pytorch.org/whl/
         --extra-index-url https://pypi.org/simple torch==2.13.0 \
  && pip install -c constraints.txt fbgemm-gpu-cpu==1.8.0 \
  && pip install --no-deps torchrec==1.8.0 \
- && pip install -c constraints.txt ".[runtime,history,kfp]"
+ && pip install -c constraints.txt ".[image]"
 
 # A training step writes its run directory under the artifact path KFP gives it.
 CMD ["dlrover-rm", "--help"]

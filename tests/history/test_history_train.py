@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlrover_core import api
+from dlrover_core.errors import StoreUnavailableError
 from dlrover_core.history.store import HistoryStore
 from dlrover_core.types import Sample
 
@@ -34,17 +35,24 @@ def test_train_records_the_run_and_the_next_plan_reads_it(tmp_path: Path) -> Non
     assert row["plans"] == len(report["plans"]) and row["job"] == report["job"]
 
 
-def test_train_with_an_unreachable_store_only_warns(
+def test_train_with_an_unreachable_store_fails_at_once_unless_told_to_start_cold(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    url = "postgresql://u:p@127.0.0.1:1/x"
+    # a typo in a recurring pipeline's history URL must not cold-start every run silently
+    with pytest.raises(StoreUnavailableError, match=r"history\.on_error"):
+        api.train(SMALL, run_dir=tmp_path / "refused", history=url, progress=False)
+    assert not (tmp_path / "refused").exists()  # nothing started
     with caplog.at_level(logging.WARNING):
         report = api.train(
             SMALL,
+            overrides=["history.on_error=cold_start"],
             run_dir=tmp_path / "run",
-            history="postgresql://u:p@127.0.0.1:1/x",
+            history=url,
             progress=False,
         )
     assert report["state"] == "succeeded", report.get("failure")
     assert report["history_run_id"] is None
+    assert report["history"]["records"] == 0 and "unavailable" in report["history"]["error"]
     msgs = [r.getMessage() for r in caplog.records]
     assert any("cold start" in m for m in msgs) and any("not recorded" in m for m in msgs)

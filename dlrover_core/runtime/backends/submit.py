@@ -771,9 +771,11 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
             if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == MASTER_ROLE
         )
         logs = master_logs(api_client, namespace, job_name, tail_lines=20) if failed else {}
-        problem = master_problem(pods, logs, time.time())
-        if problem is not None and state != "failed":
-            state, blocked = "failed", True  # the Job would go on retrying, or wait forever
+        found = master_problem(pods, logs, time.time())
+        if found is not None:
+            problem, blocking = found
+            if blocking and state != "failed":
+                state, blocked = "failed", True  # the Job would go on retrying, or wait forever
     nodes = []
     for pod in pods:
         labels = pod["metadata"].get("labels") or {}
@@ -814,20 +816,25 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
 
 
 MASTER_CRASHES = 2
-"""Master pods that failed before a job counts as crash-looping (the Job would retry up to
-its backoffLimit, minutes apart, with the same result)."""
+"""Master pods that crashed soon after they started (within :data:`CRASH_RUN_S`) before a job
+counts as crash-looping: its master cannot start, and the Job would retry it up to its
+backoffLimit, minutes apart, with the same result. A master that ran longer and then failed
+(a bug mid-job) is left to the Job's retries."""
+CRASH_RUN_S = 60.0
 UNSCHEDULABLE_S = 45.0
 """How long a master pod may stay unschedulable before the job counts as unable to start."""
 
 
 def master_problem(
     pods: Sequence[Mapping[str, Any]], logs: Mapping[str, str], now_s: float
-) -> str | None:
-    """Why the job's master cannot start, from its pods (their JSON) and their logs; None
-    while nothing says so. Pure. An image that cannot be pulled or a container that cannot be
-    made (fatal waiting reasons); a master that refused its input (exit 2: it will refuse
-    again); :data:`MASTER_CRASHES` failed master pods; a pod unschedulable for
-    :data:`UNSCHEDULABLE_S`. The message names the pod and the reason, with the last log line."""
+) -> tuple[str, bool] | None:
+    """Why the job's master cannot start, from its pods (their JSON) and their logs, and
+    whether the Job would wait or retry forever meanwhile (``blocking``); None while nothing
+    says so. Pure. Blocking: an image that cannot be pulled or a container that cannot be made
+    (fatal waiting reasons); :data:`MASTER_CRASHES` master pods that crashed within
+    :data:`CRASH_RUN_S` of their start; a pod unschedulable for :data:`UNSCHEDULABLE_S`. Not
+    blocking (the Job's pod failure policy fails it at once; this only explains): a master that
+    refused its input (exit 2). The message names the pod and the reason, with the last log line."""
     from dlrover_core.runtime.backends.base import FATAL_WAITING_REASONS
     from dlrover_core.runtime.backends.kubernetes_pods import _parse_time
 
@@ -835,13 +842,15 @@ def master_problem(
         lines = [ln.strip() for ln in (logs.get(name) or "").splitlines() if ln.strip()]
         return lines[-1] if lines else "no log"
 
-    masters = [
-        p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == MASTER_ROLE
-    ]
-    masters.sort(
-        key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"])
+    def role(p: Mapping[str, Any]) -> Any:
+        return (p["metadata"].get("labels") or {}).get(LABEL_ROLE)
+
+    masters = sorted(
+        (p for p in pods if role(p) == MASTER_ROLE),
+        key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
     )
-    failed = []
+    crashes: list[tuple[str, Any]] = []
+    refused: str | None = None
     for p in masters:
         name = p["metadata"]["name"]
         st = p.get("status") or {}
@@ -849,13 +858,17 @@ def master_problem(
             w = (cs.get("state") or {}).get("waiting") or {}
             if w.get("reason") in FATAL_WAITING_REASONS:
                 why = f"{w['reason']}: {w.get('message')}" if w.get("message") else w["reason"]
-                return f"master pod {name} cannot start: {why}"
+                return f"master pod {name} cannot start: {why}", True
+            t = (cs.get("state") or {}).get("terminated") or {}
+            if st.get("phase") == "Failed" and t:
+                if t.get("exitCode") == 2:
+                    refused = name
+                began, ended = _parse_time(t.get("startedAt")), _parse_time(t.get("finishedAt"))
+                if began is not None and ended is not None and ended - began <= CRASH_RUN_S:
+                    crashes.append((name, t.get("exitCode")))
         for c in st.get("conditions") or []:
-            if (
-                c.get("type") == "PodScheduled"
-                and c.get("status") == "False"
-                and c.get("reason") == "Unschedulable"
-            ):
+            unsched = c.get("reason") == "Unschedulable" and c.get("status") == "False"
+            if c.get("type") == "PodScheduled" and unsched:
                 since = _parse_time(
                     c.get("lastTransitionTime") or p["metadata"].get("creationTimestamp")
                 )
@@ -864,26 +877,15 @@ def master_problem(
                         f"master pod {name} is unschedulable for {now_s - since:.0f} s: "
                         f"{c.get('message') or 'no node fits its requests'}; lower the master's "
                         "requests or add capacity"
-                    )
-        if st.get("phase") == "Failed":
-            failed.append(p)
-    if not failed:
-        return None
-    last = failed[-1]
-    name = last["metadata"]["name"]
-    codes = [
-        t.get("exitCode")
-        for cs in (last.get("status") or {}).get("containerStatuses") or []
-        if (t := (cs.get("state") or {}).get("terminated"))
-    ]
-    code = codes[0] if codes else None
-    if code == 2:
-        return f"the master refused its input (pod {name}, exit 2): {last_line(name)}"
-    if len(failed) >= MASTER_CRASHES:
+                    ), True
+    if refused is not None:
+        return f"the master refused its input (pod {refused}, exit 2): {last_line(refused)}", False
+    if len(crashes) >= MASTER_CRASHES:
+        name, code = crashes[-1]
         return (
-            f"the master crashed {len(failed)} times (last: pod {name}, exit {code}): "
-            f"{last_line(name)}"
-        )
+            f"the master crashed {len(crashes)} times within {CRASH_RUN_S:g} s of its start "
+            f"(last: pod {name}, exit {code}): {last_line(name)}"
+        ), True
     return None
 
 
