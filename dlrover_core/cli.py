@@ -21,6 +21,39 @@ EXIT_CODES = (
     "130 interrupted"
 )
 
+# the extra that installs a module a command may need (pyproject's optional dependencies)
+EXTRAS = {
+    "sqlalchemy": "history", "alembic": "history", "psycopg2": "history",
+    "torch": "runtime", "grpc": "runtime", "google": "runtime", "psutil": "runtime",
+    "matplotlib": "runtime", "tqdm": "runtime", "prometheus_client": "runtime",
+    "torchmetrics": "runtime", "tensordict": "runtime", "fbgemm_gpu": "runtime",
+    "pyarrow": "data", "fsspec": "data",
+    "kubernetes": "kubernetes", "tenacity": "kubernetes",
+    "kfp": "kfp", "airflow": "airflow", "dlrover": "oss",
+}  # fmt: skip
+
+
+def missing_extra(module: str) -> str:
+    """One line for a missing optional dependency: what is missing and how to install it."""
+    top = module.split(".")[0]
+    if top == "torchrec":
+        return (
+            "this command needs torchrec, which installs without its dependencies (its metadata "
+            "asks for the CUDA fbgemm-gpu): pip install 'dlrover-rm[runtime]' -c constraints.txt "
+            "&& pip install --no-deps torchrec==1.8.0"
+        )
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return (
+            f"this command needs the Python module {module!r}, which is not installed; install "
+            "the extra that provides it (pip install 'dlrover-rm[all]' for everything)"
+        )
+    return (
+        f"this command needs {top} (the '{extra}' extra), which is not installed: pip install "
+        f"'dlrover-rm[{extra}]' -c constraints.txt"
+    )
+
+
 # pipelines/ in a checkout, dlrover_rm/pipelines (a link to it there) in an installed wheel
 EXAMPLE_SPEC = (
     Path(__file__).resolve().parent.parent / "dlrover_rm" / "pipelines" / "specs" / "small.yaml"
@@ -424,6 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as e:  # an optional dependency this command needs
+        print(f"error: {missing_extra(e.name or '')}", file=sys.stderr)
+        return EXIT_INPUT
     except Exception as e:  # a bug, not bad input: still one line, the traceback in the log
         import logging
 

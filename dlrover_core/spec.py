@@ -28,6 +28,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -86,11 +87,34 @@ MiB = Annotated[
 ]
 
 
+def _numeric_only(annotation: Any) -> bool:
+    """Whether a field's type takes numbers (int or float) and no boolean (an ``Annotated``
+    type has validators of its own, which say more)."""
+    import typing
+
+    if typing.get_origin(annotation) is Annotated:
+        return False
+    args = typing.get_args(annotation)
+    kinds = {k for k in (args or (annotation,)) if k is not type(None)}
+    return bool(kinds & {int, float}) and bool not in kinds
+
+
 class _Strict(BaseModel):
     # allow_inf_nan=False: `lr: .inf` or a NaN pacing interval is an error, not a silent run
     model_config = ConfigDict(
         extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        """``epochs: true`` is a mistake, not 1: a boolean where the field takes a number
+        (and no boolean) is refused."""
+        f = cls.model_fields.get(info.field_name or "")
+        own = f is not None and any(isinstance(m, BeforeValidator) for m in f.metadata)
+        if isinstance(v, bool) and f is not None and not own and _numeric_only(f.annotation):
+            raise ValueError(f"must be a number, not {str(v).lower()}")
+        return v
 
 
 class Architecture(StrEnum):
@@ -856,10 +880,15 @@ def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
+    except json.JSONDecodeError as e:
         raise SpecError(
-            f"spec file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}"
+            f"spec file {str(p)!r} is not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}"
         ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"spec file {str(p)!r} is not valid YAML{where}: {what}") from None
     if not isinstance(data, dict):
         raise SpecError(
             f"spec file {str(p)!r} must hold a mapping at the top level (name:, model:, quota: ...)"

@@ -316,3 +316,23 @@ def test_submit_history_secret(k8s_cluster: object, capsys: pytest.CaptureFixtur
     assert env["DLROVER_RM_HISTORY"]["valueFrom"] == {
         "secretKeyRef": {"name": "team-history", "key": "url"}
     }
+
+
+def test_a_missing_optional_dependency_names_its_extra(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without SQLAlchemy, `plan` is one line naming the extra to install (exit 2), not "a bug
+    in dlrover-rm" (rc 3)."""
+    import sys as _sys
+
+    for mod in [m for m in _sys.modules if m == "sqlalchemy" or m.startswith("sqlalchemy.")]:
+        monkeypatch.delitem(_sys.modules, mod)
+    for mod in [m for m in _sys.modules if m.startswith("dlrover_core.history.store")]:
+        monkeypatch.delitem(_sys.modules, mod)
+    monkeypatch.setitem(
+        _sys.modules, "sqlalchemy", None
+    )  # import sqlalchemy -> ModuleNotFoundError
+    rc, _, err = run(["plan", "--spec", SMALL], capsys)
+    assert rc == 2, err
+    assert "sqlalchemy (the 'history' extra)" in err and "pip install 'dlrover-rm[history]'" in err
+    assert "a bug" not in err and err.count("\n") == 1

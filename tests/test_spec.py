@@ -431,3 +431,19 @@ def test_training_seed_is_a_non_negative_int_or_null() -> None:
     assert load_spec(make_spec_dict(training__seed=7)).training.seed == 7
     with pytest.raises(SpecError, match=r"training\.seed"):
         load_spec(make_spec_dict(training__seed=-1))
+
+
+@pytest.mark.parametrize("override", ["training.epochs=true", "data.rows=false"])
+def test_a_boolean_is_not_a_number(override: str) -> None:
+    with pytest.raises(SpecError, match="must be a number, not (true|false)"):
+        load_spec(make_spec_dict(), [override])
+
+
+def test_a_yaml_error_names_the_file_and_the_line(tmp_path: Path) -> None:
+    p = tmp_path / "job.yaml"
+    p.write_text("name: x\nmodel:\n  bad: [\n")
+    with pytest.raises(SpecError) as ei:
+        load_spec(str(p))
+    msg = str(ei.value)
+    assert f"spec file '{p}' is not valid YAML (line 4, column 1)" in msg
+    assert "unicode string" not in msg
