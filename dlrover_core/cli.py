@@ -132,6 +132,12 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
+    import logging
+
+    if logging.getLogger().getEffectiveLevel() > logging.INFO and not a.quiet:
+        # the master's decisions (plans and why, launches, relaunches and why, PS-set
+        # changes, resizes) show at the default level; third-party chatter does not
+        logging.getLogger("dlrover_rm.master").setLevel(logging.INFO)
     report = api.train(
         a.spec,
         overrides=a.overrides,
