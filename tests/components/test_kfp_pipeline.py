@@ -46,14 +46,19 @@ def test_train_resources_are_placeholders_bound_to_the_plan_outputs() -> None:
 
 
 @pytest.mark.slow
-def test_pipeline_runs_end_to_end_locally(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    pipeline.run_local(pipeline_root=str(tmp_path))  # kfp.local raises if a task fails
+def test_pipeline_runs_end_to_end_locally(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one run history for both scheduled runs (the tasks read it from the environment)
+    monkeypatch.setenv("DLROVER_RM_HISTORY", f"sqlite:///{tmp_path / 'history.db'}")
+    root = tmp_path / "root1"
+    pipeline.run_local(pipeline_root=str(root))  # kfp.local raises if a task fails
     # the train task's log has progress records, once each (through the KFP executor's handler)
     log = capfd.readouterr()
     lines = [ln for ln in (log.out + log.err).splitlines() if "progress: 0/" in ln]
     assert lines and len(lines) == len(set(lines)), lines
     assert not [ln for ln in lines if "dlrover_rm.progress:" in ln], "logged twice"
-    (run,) = tmp_path.iterdir()
+    (run,) = root.iterdir()
     assert (run / "dlrover-profile" / "samples").read_text().strip()
     plan_out = json.loads((run / "dlrover-plan" / "executor_output.json").read_text())
     plan = json.loads((run / "dlrover-plan" / "plan").read_text())
@@ -95,3 +100,18 @@ def test_pipeline_runs_end_to_end_locally(tmp_path: Path, capfd: pytest.CaptureF
         out = json.loads((run / name / "executor_output.json").read_text())
         (art,) = out["artifacts"][key]["artifacts"]
         assert art["uri"].endswith(f"/{name}/{key}")
+    # the gate's verdict shows in the summary; a fresh start says so
+    assert "| quality gate | passed: held-out AUC" in summary, summary
+    assert report["init_from"]["model"] is None and "fresh start" in report["init_from"]["note"]
+
+    # the next scheduled run starts from this run's model (init_from: last, the default)
+    pipeline.run_local(pipeline_root=str(tmp_path / "root2"))
+    (run2,) = (tmp_path / "root2").iterdir()
+    report2 = json.loads((run2 / "dlrover-train" / "run" / "report.json").read_text())
+    assert report2["state"] == "succeeded"
+    assert report2["init_from"]["model"] == str(model_dir), report2["init_from"]
+    card2 = json.loads((run2 / "dlrover-train" / "model" / "model_card.json").read_text())
+    assert card2["lineage"]["generation"] == 1
+    assert card2["lineage"]["parent"]["source"] == str(model_dir)
+    summary2 = (run2 / "dlrover-train" / "summary").read_text()
+    assert f"| started from | {model_dir} (generation 1) |" in summary2, summary2
