@@ -435,7 +435,7 @@ def test_training_seed_is_a_non_negative_int_or_null() -> None:
 
 @pytest.mark.parametrize("override", ["training.epochs=true", "data.rows=false"])
 def test_a_boolean_is_not_a_number(override: str) -> None:
-    with pytest.raises(SpecError, match="must be a number, not (true|false)"):
+    with pytest.raises(SpecError, match=r"must be a number, not (true|false)"):
         load_spec(make_spec_dict(), [override])
 
 
