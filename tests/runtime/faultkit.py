@@ -37,8 +37,8 @@ def env(tmp: Path) -> dict[str, str]:
     }
 
 
-def train_cmd(run_dir: Path, *sets: str) -> list[str]:
-    cmd = [sys.executable, "-m", "dlrover_core.cli", "train", "--spec", str(SMALL)]
+def train_cmd(run_dir: Path, *sets: str, spec: Path = SMALL) -> list[str]:
+    cmd = [sys.executable, "-m", "dlrover_core.cli", "train", "--spec", str(spec)]
     cmd += ["--run-dir", str(run_dir)]
     for s in (*FAST, *sets):
         cmd += ["--set", s]
@@ -46,11 +46,11 @@ def train_cmd(run_dir: Path, *sets: str) -> list[str]:
 
 
 def start_train(
-    tmp: Path, run_dir: Path, *sets: str, log: str = "master.log"
+    tmp: Path, run_dir: Path, *sets: str, log: str = "master.log", spec: Path = SMALL
 ) -> subprocess.Popen[bytes]:
     out = open(tmp / log, "ab")  # noqa: SIM115 - closed with the process by the OS
     return subprocess.Popen(
-        train_cmd(run_dir, *sets), stdout=out, stderr=subprocess.STDOUT, env=env(tmp)
+        train_cmd(run_dir, *sets, spec=spec), stdout=out, stderr=subprocess.STDOUT, env=env(tmp)
     )
 
 

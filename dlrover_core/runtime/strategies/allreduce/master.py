@@ -303,16 +303,22 @@ class AllReduceMaster(JobMaster):
             log.info("resume: group %d adopted (%d rank(s))", cur.gid, cur.world_size)
             self._set_group_state(cur, GEN_ACTIVE)
             return
+        # the earlier master stopped cleanly (SIGTERM, cancel): its group stopped at a final
+        # checkpoint when asked, which is no fault
+        clean = self.state.job_state == "stopped"
         for g in live:
-            self.state.record_fault(
-                {
-                    "node": f"group-{g.gid}",
-                    "reason": LOST_REASON,
-                    "exit_class": "lost",
-                    "action": "relaunch",
-                    "why": "ranks ended, or a resize was under way, while no master watched",
-                }
-            )
+            if clean:
+                log.info("resume: group %d stopped at its checkpoint with the last master", g.gid)
+            else:
+                self.state.record_fault(
+                    {
+                        "node": f"group-{g.gid}",
+                        "reason": LOST_REASON,
+                        "exit_class": "lost",
+                        "action": "relaunch",
+                        "why": "ranks ended, or a resize was under way, while no master watched",
+                    }
+                )
             self._abort_group(g, "incomplete after a master restart")
         for key, n in list(self.nodes.items()):  # ranks of no live group
             if n.handle is not None:
