@@ -58,9 +58,12 @@ def quiet_third_party() -> None:
     current = os.environ.get("PYTHONWARNINGS", "")
     if PYNVML_FILTER not in current:
         os.environ["PYTHONWARNINGS"] = f"{current},{PYNVML_FILTER}" if current else PYNVML_FILTER
-    # the open-source DLRover reads its level from this variable at import time
-    os.environ.setdefault("DLROVER_LOG_LEVEL", "WARNING")
-    for name in ("dlrover.logger", "tornado.access", "urllib3", "kfp"):
+    # the open-source DLRover (only a peer policy in the simulator) reads its level from this
+    # variable at import time; its warnings are about its own internals there ("No CPU
+    # utilization of PS", "The GRPC service of brain is not available"), not the user's job
+    os.environ.setdefault("DLROVER_LOG_LEVEL", "ERROR")
+    logging.getLogger("dlrover.logger").setLevel(logging.ERROR)
+    for name in ("tornado.access", "urllib3", "kfp"):
         logging.getLogger(name).setLevel(logging.WARNING)
     # torch's own notes when torchrec traces a module, and DCP loading one process's checkpoint
     # view (what the all-reduce evaluation and export do on purpose)
