@@ -73,7 +73,7 @@ def read_history(
     could not be read (only with ``history.on_error: cold_start``)}``."""
     info: dict[str, Any] = {"store": history_source(url, spec), "records": 0}
     try:
-        recs = load_history(url, spec, now_s, _cold_on_error=False)
+        recs = _read_records(url, spec, now_s)
     except StoreUnavailableError as e:
         if spec is None or spec.history.on_error != "cold_start":
             raise StoreUnavailableError(
@@ -87,13 +87,9 @@ def read_history(
 
 
 def load_history(
-    url: str | None,
-    spec: JobSpec | None = None,
-    now_s: float | None = None,
-    *,
-    _cold_on_error: bool = True,
+    url: str | None, spec: JobSpec | None = None, now_s: float | None = None
 ) -> list[HistoryRecord]:
-    """Records for warm start.
+    """Records for warm start (:func:`read_history` without what it read).
 
     A JSON export (``path.json`` or ``file://path.json``) is read as is. Anything else is a
     history store URL (SQLAlchemy); with no URL, the spec's ``history.url`` or the default store
@@ -103,6 +99,13 @@ def load_history(
     naming the URL and the fix), unless the spec says ``history.on_error: cold_start``: then
     it logs a warning and gives no records, and planning starts cold.
     """
+    return read_history(url, spec, now_s)[0]
+
+
+def _read_records(
+    url: str | None, spec: JobSpec | None, now_s: float | None
+) -> list[HistoryRecord]:
+    """The records :func:`load_history` describes; a store that cannot be read raises."""
     if url and url.lower() in NO_HISTORY:
         return []
     if url:
@@ -113,23 +116,17 @@ def load_history(
         return []
     from dlrover_core.history.store import HistoryStore
 
-    store_url = url or (spec.history.url if spec is not None else None)
+    store = HistoryStore(url or (spec.history.url if spec is not None else None))
     try:
-        store = HistoryStore(store_url)
-        try:
-            if spec is None:
-                return _all_records(store)
-            return store.similar(
-                spec.signature_key,
-                now_s if now_s is not None else time.time(),
-                spec.pacing.history_window_s,
-            )
-        finally:
-            store.close()
-    except StoreUnavailableError:
-        if _cold_on_error:
-            return read_history(url, spec, now_s)[0]
-        raise
+        if spec is None:
+            return _all_records(store)
+        return store.similar(
+            spec.signature_key,
+            now_s if now_s is not None else time.time(),
+            spec.pacing.history_window_s,
+        )
+    finally:
+        store.close()
 
 
 def _all_records(store: Any) -> list[HistoryRecord]:

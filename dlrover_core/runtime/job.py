@@ -275,7 +275,7 @@ def pin_inputs(
     against the fingerprints it started with: ``(pins, why the job cannot run or None)``; a
     change is also written into the report's data section (``data.changed``)."""
     from dlrover_core.training.data import from_spec
-    from dlrover_core.training.pin import PIN_FILE, Pins, message
+    from dlrover_core.training.pin import PIN_ENV, PIN_FILE, Pins, message
 
     if spec.data.path is None:
         return None, None
@@ -291,8 +291,6 @@ def pin_inputs(
         pins = Pins.of(from_spec(spec))
         rd.mkdir(parents=True, exist_ok=True)
         pins.save(path)
-    from dlrover_core.training.pin import PIN_ENV
-
     os.environ[PIN_ENV] = str(path)  # this process's reads (the master's evaluation) check too
     return pins, None
 
@@ -304,22 +302,19 @@ def _with_input_check(
     change fails the job at once (the report's ``data.changed`` says which file, how)."""
     if pins is None:
         return shown
-    from dlrover_core.training.pin import CHECK_EVERY_S, message
-
-    due = [0.0]
+    from dlrover_core.training.pin import InputChangedError
 
     def tick(master: Any) -> None:
         if shown is not None:
             shown(master)
-        now = time.monotonic()
-        if master.failure is not None or now < due[0]:
+        if master.failure is not None:
             return
-        due[0] = now + CHECK_EVERY_S
-        changed = pins.changes()
-        if changed:
+        try:
+            pins.check()
+        except InputChangedError as e:
             if data is not None:
-                data["changed"] = changed
-            master.failure = message(changed)
+                data["changed"] = e.changes
+            master.failure = str(e)
             log.error("%s", master.failure)
 
     return tick
@@ -355,8 +350,12 @@ def _amend(rd: Path, report: dict[str, Any], data: dict[str, Any] | None) -> Non
         "model_url",
         "history",
         "init_from",
+        "quality",
+        "rejected_model_dir",
     )
     extra: dict[str, Any] = {k: report[k] for k in keys if k in report}
+    if report.get("state") == "rejected":  # the gate's verdict after the master's report
+        extra.update(state=report["state"], reason=report.get("reason"))
     if data is not None:
         extra["data"] = data
     if extra and (rd / "report.json").exists():
@@ -379,7 +378,6 @@ def gate_model(
     import shutil
 
     from dlrover_core.quality import gate
-    from dlrover_core.runtime.report import amend_report
 
     held = report.get("model_held_out") or {}
     auc = held.get("auc") if held.get("auc") is not None else report.get("auc")
@@ -392,11 +390,10 @@ def gate_model(
         None,
     )
     v = gate(spec.quality, auc, prev)
-    report["quality"] = v.to_dict()
+    report["quality"] = v.to_dict()  # report.json gets it (and a rejection) through _amend
     if v.passed:
         if spec.quality.min_auc is not None or spec.quality.max_auc_drop is not None:
             log.info("quality gate passed: %s", v.reason)
-        amend_report(rd, {"quality": report["quality"]})
         return
     kept = None
     if mdir.exists():
@@ -407,16 +404,6 @@ def gate_model(
         kept = str(dest)
     report.update(state="rejected", reason=v.reason, model_dir=None, rejected_model_dir=kept)
     log.error("model rejected: %s; kept in %s, published nowhere", v.reason, kept)
-    amend_report(
-        rd,
-        {
-            "state": "rejected",
-            "reason": v.reason,
-            "quality": report["quality"],
-            "model_dir": None,
-            "rejected_model_dir": kept,
-        },
-    )
 
 
 def export_after_train(report: dict[str, Any], run_dir: Path, out: Path) -> None:

@@ -310,7 +310,7 @@ def read_lineage(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
 
 
-def fill_local_state(spec: Any, state: dict[str, Any], parent: ParentTables) -> list[str]:
+def fill_local_state(state: dict[str, Any], parent: ParentTables) -> list[str]:
     """Fill a fresh single-process model's ``state_dict`` (torchrec EBC keys ending in
     ``embedding_bags.<table>.weight``, the tower's keys) from the parent, in place: a table
     of ``R`` rows gets the parent's rows at ``raw % R`` (ids that collide on one row averaged),
@@ -327,16 +327,14 @@ def fill_local_state(spec: Any, state: dict[str, Any], parent: ParentTables) -> 
             continue
         w = state[key]
         rows = int(w.shape[0])
+        if pt.modulo not in (None, rows):  # other residues: the table starts fresh
+            continue
         if pt.keys is None:
-            if pt.modulo not in (None, rows):
-                continue
             n = min(rows, pt.weights.shape[0])
             src = pt.weights[:n]
             mask = np.any(src != 0, axis=1)
             w[torch.from_numpy(np.nonzero(mask)[0])] = torch.from_numpy(src[mask])
         else:
-            if pt.modulo not in (None, rows):
-                continue
             target = pt.keys % rows
             acc = np.zeros((rows, pt.weights.shape[1]), np.float64)
             cnt = np.zeros(rows, np.int64)

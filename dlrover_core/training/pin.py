@@ -34,9 +34,13 @@ _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified")
 
 
 class InputChangedError(DLRoverError):
-    """An input file changed while the job read it."""
+    """An input file changed while the job read it; ``changes``: which, and how."""
 
     kind = ErrorKind.CONFLICT
+
+    def __init__(self, changes: list[dict[str, str]]) -> None:
+        self.changes = changes
+        super().__init__(message(changes))
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ class Pins:
         self._next = now + CHECK_EVERY_S
         ch = self.changes(deep=deep)
         if ch:
-            raise InputChangedError(message(ch))
+            raise InputChangedError(ch)
 
     def covers(self, source: Any) -> bool:
         return {u for u, _ in input_files(source)} <= {p.url for p in self.pins}

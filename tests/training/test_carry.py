@@ -118,7 +118,7 @@ def test_an_allreduce_model_is_filled_from_the_parent(tmp_path: Path) -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     sd = model.state_dict()
     with torch.no_grad():
-        filled = fill_local_state(spec, sd, ParentTables.load(parent_path(tmp_path / "run")))
+        filled = fill_local_state(sd, ParentTables.load(parent_path(tmp_path / "run")))
     assert sorted(filled) == ["a", "d"]
     a = sd["ebc.embedding_bags.a.weight"]
     assert torch.all(a[3] == 4.0) and torch.equal(

@@ -687,8 +687,8 @@ def follow(
     while True:
         try:
             c = api_client_factory()
-            st = status(c, namespace, job_name)
             logs = master_logs(c, namespace, job_name)
+            st = status(c, namespace, job_name, logs=logs)
         except JobGoneError as e:
             return result("failed", f"{where} is gone (cancelled or deleted): {e}", None)
         except Exception as e:  # the API unreachable: retried until outage_s
@@ -723,7 +723,12 @@ def follow(
         pause(poll_interval)
 
 
-def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str, Any]:
+def status(
+    api_client: k8s.ApiClient,
+    namespace: str,
+    job_name: str,
+    logs: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """JSON-able state of a submitted job: the master Job, the lease holder, every node pod
     (role, id, incarnation, phase, and how it ended)."""
     batch = k8s.BatchV1Api(api_client)
@@ -770,7 +775,8 @@ def status(api_client: k8s.ApiClient, namespace: str, job_name: str) -> dict[str
             for p in pods
             if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == MASTER_ROLE
         )
-        logs = master_logs(api_client, namespace, job_name, tail_lines=20) if failed else {}
+        if logs is None:  # the master's log says why it failed (a caller may have it already)
+            logs = master_logs(api_client, namespace, job_name, tail_lines=20) if failed else {}
         found = master_problem(pods, logs, time.time())
         if found is not None:
             problem, blocking = found

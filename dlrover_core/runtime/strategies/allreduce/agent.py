@@ -449,7 +449,7 @@ class RankAgent:
             )
         if latest is None:
             self._start_from_parent(trainer)
-        if latest is not None:
+        else:
             state = trainer.state_dict()
             load_into(state, latest.path)
             trainer.load_state(state)
@@ -548,7 +548,7 @@ class RankAgent:
             local = LocalDLRM(self.spec.model)
             sd = local.state_dict()
             with torch.no_grad():
-                filled = fill_local_state(self.spec, sd, ParentTables.load(src))
+                filled = fill_local_state(sd, ParentTables.load(src))
             if init_dir.exists():
                 shutil.rmtree(init_dir, ignore_errors=True)
             dcp.save({"model": sd}, checkpoint_id=str(init_dir), no_dist=True)
