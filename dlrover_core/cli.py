@@ -105,6 +105,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 def cmd_model_fit(a: argparse.Namespace) -> int:
     d = api.fit_model(a.samples, a.out, strategy=a.strategy)
+    if a.json:
+        _write_json(d, None)
+        return 0
     fitted = d.get("fitted") or {}
     print(
         f"fitted {d['kind']} on {fitted.get('n_samples', '?')} samples "
@@ -114,7 +117,15 @@ def cmd_model_fit(a: argparse.Namespace) -> int:
 
 
 def cmd_model_predict(a: argparse.Namespace) -> int:
-    sys.stdout.write(api.predict(a.model, a.configs))
+    text = api.predict(a.model, a.configs)
+    if a.json:  # the same table, as records
+        import csv
+        import io
+
+        rows = list(csv.DictReader(io.StringIO(text)))
+        _write_json([{k: float(v) for k, v in r.items()} for r in rows], None)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -123,18 +134,21 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
     policies = [p.strip() for p in a.policies.split(",")] if a.policies is not None else None
     result = api.simulate(a.jobs, a.seed, policies)
+    if a.out:
+        _write_json(result, a.out)
     if a.json:
-        _write_json(result, a.json)
+        _write_json(result, None)
+        return 0
     print(format_table(result))
-    if a.json:
-        print(f"JSON written to {a.json}")
+    if a.out:
+        print(f"JSON written to {a.out}")
     return 0
 
 
 def cmd_train(a: argparse.Namespace) -> int:
     import logging
 
-    if logging.getLogger().getEffectiveLevel() > logging.INFO and not a.quiet:
+    if logging.getLogger().getEffectiveLevel() > logging.INFO and not (a.quiet or a.json):
         # the master's decisions (plans and why, launches, relaunches and why, PS-set
         # changes, resizes) show at the default level; third-party chatter does not
         logging.getLogger("dlrover_rm.master").setLevel(logging.INFO)
@@ -144,8 +158,15 @@ def cmd_train(a: argparse.Namespace) -> int:
         plan=a.plan,
         run_dir=a.run_dir,
         history=a.history,
-        progress=not a.quiet,
+        progress=not (a.quiet or a.json),
     )
+    if a.out:
+        _write_json(report, a.out)
+    if a.json:
+        _write_json(report, None)
+        if report["state"] != "succeeded" and report.get("failure"):
+            print(f"error: job {report['state']}: {report['failure']}", file=sys.stderr)
+        return {"succeeded": EXIT_OK, "rejected": EXIT_REJECTED}.get(report["state"], EXIT_FAILED)
     print(
         f"job {report['job']} {report['state']}: {report['samples_done']:,} samples in "
         f"{report['wall_s']:.1f} s ({report['throughput_sps']:,.0f}/s), AUC "
@@ -188,6 +209,9 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def cmd_profile(a: argparse.Namespace) -> int:
     res = api.profile(a.spec, overrides=a.overrides, out=a.out, n_configs=a.configs)
+    if a.json:
+        _write_json(res, None)
+        return 0
     for t in res["trials"]:
         tput = "no steady window" if t["throughput"] is None else f"{t['throughput']:,.0f}/s"
         tput = t.get("skipped") or tput  # above this container's cgroup limits: not run
@@ -309,25 +333,50 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0 if all(r["state"] == "succeeded" for r in reports) else 1
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's help shows its default (unless the default is nothing or the help says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+JSON_HELP = "print the result as JSON on stdout, and nothing else there"
+
+
+def _command(sub: Any, name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=help, formatter_class=_Help, epilog=EXIT_CODES, **kw
+    )
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dlrover-rm",
-        description="Auto-size and run elastic DLRM training (after DLRover-RM, VLDB 2024).",
+        description="Auto-size and run elastic DLRM training (after DLRover-RM, VLDB 2024). "
+        "On every command --json prints the result as JSON on stdout and --out FILE writes it "
+        "to a file.",
         epilog=EXIT_CODES,
+        formatter_class=_Help,
     )
     ap.add_argument("--version", action="version", version=f"dlrover-rm {__version__}")
     ap.add_argument(
         "--log-level",
         default="warning",
         choices=["debug", "info", "warning", "error"],
-        help="log records on stderr at this level and above (default warning)",
+        help="log records on stderr at this level and above",
     )
     ap.add_argument(
         "--log-json", action="store_true", help="log records as JSON lines (for log collectors)"
     )
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="one of these; COMMAND --help"
+    )
 
-    p = sub.add_parser("plan", help="plan resources for a job (stage 1, + stage 2 with samples)")
+    p = _command(sub, "plan", "plan resources for a job (stage 1, + stage 2 with samples)")
     _spec_args(p)
     p.add_argument(
         "--samples", help="profiled samples CSV (workers,ps,worker_cpu,ps_cpu,throughput)"
@@ -339,63 +388,81 @@ def build_parser() -> argparse.ArgumentParser:
         "the plan says which it read)",
     )
     p.add_argument("--out", help="write the plan JSON here")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_plan)
 
-    m = sub.add_parser("model", help="fit or query the resource-performance model")
-    msub = m.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    f = msub.add_parser("fit", help="fit the throughput model to a samples CSV")
-    f.add_argument("--samples", required=True)
+    m = _command(sub, "model", "fit or query the resource-performance model")
+    msub = m.add_subparsers(
+        dest="model_command", required=True, metavar="ACTION", help="fit or predict"
+    )
+    f = _command(msub, "fit", "fit the throughput model to a samples CSV")
+    f.add_argument(
+        "--samples", required=True, help="samples CSV (from `dlrover-rm profile` or a run)"
+    )
     f.add_argument("--out", required=True, help="model JSON to write")
     f.add_argument(
-        "--strategy", default="ps", choices=["ps", "ps_extended", "ps_overlap", "allreduce"]
+        "--strategy",
+        default="ps",
+        choices=["ps", "ps_extended", "ps_overlap", "allreduce"],
+        help="the model family to fit",
     )
+    f.add_argument("--json", action="store_true", help=JSON_HELP)
     f.set_defaults(func=cmd_model_fit)
-    pr = msub.add_parser("predict", help="predict throughput for configurations (CSV to stdout)")
-    pr.add_argument("--model", required=True)
+    pr = _command(msub, "predict", "predict throughput for configurations (CSV to stdout)")
+    pr.add_argument("--model", required=True, help="model JSON (from `dlrover-rm model fit`)")
     pr.add_argument("--configs", required=True, help="CSV with workers,ps,worker_cpu,ps_cpu")
+    pr.add_argument("--json", action="store_true", help=JSON_HELP)
     pr.set_defaults(func=cmd_model_predict)
 
-    s = sub.add_parser("simulate", help="compare resource policies on a simulated shared cluster")
-    s.add_argument("--jobs", type=int, default=200)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--policies", help="comma-separated; default: all available")
-    s.add_argument("--json", metavar="OUT", help="write the results JSON here")
+    s = _command(sub, "simulate", "compare resource policies on a simulated shared cluster")
+    s.add_argument("--jobs", type=int, default=200, help="jobs in the simulated trace")
+    s.add_argument("--seed", type=int, default=0, help="the trace's random seed")
+    s.add_argument("--policies", help="comma-separated policy names (default: every one available)")
+    s.add_argument("--out", help="write the results JSON here")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_simulate)
 
-    t = sub.add_parser("train", help="run the job on this machine (elastic, fault-tolerant)")
+    t = _command(sub, "train", "run the job on this machine (elastic, fault-tolerant)")
     _spec_args(t)
     t.add_argument("--plan", help="start from this plan JSON (from `dlrover-rm plan --out`)")
     t.add_argument(
-        "--run-dir", help="run directory (default runs/NAME-TIME); an existing one resumes"
+        "--run-dir", help="run directory (default: runs/NAME-TIME); an existing one resumes"
     )
-    t.add_argument("--history", help="run history for warm start (JSON export of run records)")
+    t.add_argument(
+        "--history",
+        help="run history for warm start: a store URL or a JSON export (default: as for plan)",
+    )
     t.add_argument(
         "--quiet",
         action="store_true",
-        help="no progress (default: a bar on a terminal, a line every 15 s elsewhere)",
+        help="no progress and no decisions on stderr (default: a bar on a terminal, a line "
+        "every 15 s elsewhere, and each of the master's decisions)",
     )
+    t.add_argument("--out", help="write the run's report JSON here too")
+    t.add_argument("--json", action="store_true", help=JSON_HELP)
     t.set_defaults(func=cmd_train)
 
-    pf = sub.add_parser("profile", help="short real trials -> samples CSV for the model")
+    pf = _command(sub, "profile", "short real trials -> samples CSV for the model")
     _spec_args(pf)
-    pf.add_argument("--out", help="samples CSV to write (default: stdout)")
+    pf.add_argument("--out", help="samples CSV to write (default: the CSV on stdout)")
     pf.add_argument("--configs", type=int, default=6, help="how many configurations to try")
+    pf.add_argument("--json", action="store_true", help=JSON_HELP + " (the trials and the CSV)")
     pf.set_defaults(func=cmd_profile)
 
-    ex = sub.add_parser("export", help="export a finished run's model (torch tensors + card)")
+    ex = _command(sub, "export", "export a finished run's model (torch tensors + card)")
     ex.add_argument("--run-dir", required=True, help="the run directory of a finished train")
     ex.add_argument("--out", required=True, help="folder to write model.pt and model_card.json")
-    ex.add_argument("--json", action="store_true", help="print the model card as JSON")
+    ex.add_argument("--json", action="store_true", help=JSON_HELP + " (the model card)")
     ex.set_defaults(func=cmd_export)
 
-    st = sub.add_parser("status", help="the status of a run (JSON)")
+    st = _command(sub, "status", "the status of a run (JSON on stdout)")
     st.add_argument("--run-dir", default=None, help="a local run directory")
     st.add_argument("--job", default=None, help="a job submitted to Kubernetes")
-    st.add_argument("--namespace", default="default", help="with --job")
+    st.add_argument("--namespace", default="default", help="with --job: its namespace")
+    st.add_argument("--json", action="store_true", help="the default here: JSON on stdout")
     st.set_defaults(func=cmd_status)
 
-    sm = sub.add_parser("submit", help="run the job's master as a Kubernetes Job")
+    sm = _command(sub, "submit", "run the job's master as a Kubernetes Job (JSON on stdout)")
     _spec_args(sm)
     sm.add_argument(
         "--plan", help="the master trains on this plan JSON (from `dlrover-rm plan --out`)"
@@ -415,28 +482,31 @@ def build_parser() -> argparse.ArgumentParser:
         "unschedulable: said within a minute), 4 when its model was rejected",
     )
     sm.add_argument(
-        "--poll-interval",
-        type=float,
-        default=5.0,
-        help="with --wait: seconds between reads of the job (default 5)",
+        "--poll-interval", type=float, default=5.0, help="with --wait: seconds between reads"
     )
+    sm.add_argument("--json", action="store_true", help="the default here: JSON on stdout")
     sm.set_defaults(func=cmd_submit)
 
-    cn = sub.add_parser("cancel", help="cancel a job submitted to Kubernetes")
-    cn.add_argument("--job", required=True)
-    cn.add_argument("--namespace", default="default")
+    cn = _command(sub, "cancel", "cancel a job submitted to Kubernetes (JSON on stdout)")
+    cn.add_argument("--job", required=True, help="the job's name (from submit)")
+    cn.add_argument("--namespace", default="default", help="the job's namespace")
+    cn.add_argument("--json", action="store_true", help="the default here: JSON on stdout")
     cn.set_defaults(func=cmd_cancel)
 
     sub.add_parser(
         "node",
-        help="run one node of a job (ps|worker); the job master starts these",
+        help="run one node of a job (ps|worker|rank); the job master starts these",
         add_help=False,
     )
 
-    d = sub.add_parser("demo", help="the example, end to end, on the embedded defaults")
-    d.add_argument("--jobs", type=int, default=200)
-    d.add_argument("--run-dir", default=None, help="where the demo's runs and history go")
-    d.add_argument("--seed", type=int, default=0)
+    d = _command(sub, "demo", "the example, end to end, on the embedded defaults")
+    d.add_argument("--jobs", type=int, default=200, help="jobs in the simulated cluster trace")
+    d.add_argument(
+        "--run-dir",
+        default=None,
+        help="where the demo's runs and history go (default: runs/demo-TIME)",
+    )
+    d.add_argument("--seed", type=int, default=0, help="the simulated trace's random seed")
     d.set_defaults(func=cmd_demo)
     return ap
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import subprocess
@@ -336,3 +337,59 @@ def test_a_missing_optional_dependency_names_its_extra(
     assert rc == 2, err
     assert "sqlalchemy (the 'history' extra)" in err and "pip install 'dlrover-rm[history]'" in err
     assert "a bug" not in err and err.count("\n") == 1
+
+
+def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
+    from dlrover_core.cli import build_parser
+
+    out: list[tuple[str, argparse.ArgumentParser]] = []
+
+    def walk(prefix: str, p: argparse.ArgumentParser) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, child in a.choices.items():
+                    if name != "node":  # its own parser (runtime/node.py)
+                        out.append((f"{prefix} {name}".strip(), child))
+                        walk(f"{prefix} {name}", child)
+
+    walk("", build_parser())
+    return out
+
+
+def test_every_flag_has_help_and_json_means_one_thing() -> None:
+    """One CLI convention: every flag documents itself (its default shown by the formatter) and
+    every command that prints a result takes --json."""
+    for name, p in _commands():
+        leaf = not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
+        for a in p._actions:
+            assert a.help, f"`dlrover-rm {name}` flag {a.option_strings or a.dest} has no help"
+        if leaf and name != "demo":
+            assert any("--json" in a.option_strings for a in p._actions), name
+        if leaf:
+            text = p.format_help()
+            assert "exit codes: 0 ok" in text, name
+            for a in p._actions:
+                if a.default not in (None, False, [], argparse.SUPPRESS) and a.option_strings:
+                    assert f"default: {a.default}" in " ".join(text.split()), (name, a.dest)
+
+
+def test_json_prints_only_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_file = tmp_path / "sim.json"
+    argv = ["simulate", "--jobs", "3", "--policies", "dlrover-rm", "--json", "--out", str(out_file)]
+    rc, out, _ = run(argv, capsys)
+    assert rc == 0
+    assert json.loads(out) == json.loads(out_file.read_text())
+    rc, out, _ = run(["simulate", "--jobs", "3", "--policies", "dlrover-rm"], capsys)
+    assert rc == 0 and not out.lstrip().startswith("{")
+
+
+def test_node_help_exits_zero() -> None:
+    for argv in (["node", "--help"], ["node", "-h"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "dlrover_core.cli", *argv], capture_output=True, text=True
+        )
+        assert r.returncode == 0 and "ps|worker|rank" in r.stdout, r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "dlrover_core.cli", "node", "bogus"], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "usage" in r.stderr

@@ -11,10 +11,22 @@ import sys
 from collections.abc import Sequence
 
 ROLES = ("ps", "worker", "rank")
+USAGE = """usage: dlrover-rm node {ps|worker|rank} ARGS...
+
+Run one node of a job. The job master (local processes or Kubernetes pods) starts these; a
+user does not. Roles:
+  ps      one parameter server shard of the PS strategy
+  worker  one worker of the PS strategy
+  rank    one rank of an all-reduce (torchrec DistributedModelParallel) group
+
+`dlrover-rm node ROLE --help` lists a role's arguments."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     if not args or args[0] not in ROLES:
         print(
             f"usage: dlrover-rm node {{{'|'.join(ROLES)}}} ARGS... (got {args[:1] or 'nothing'})",
