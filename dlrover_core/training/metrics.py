@@ -1,4 +1,12 @@
-"""Scoring without torch: rank AUC and log loss over numpy arrays (the master uses them too)."""
+"""Scoring without torch: ROC AUC and log loss over numpy arrays (the master uses them too).
+
+AUC is scikit-learn's ``roc_auc_score`` (ties score one half, as the average rank does),
+imported when first scored: ``sklearn.metrics`` takes about 0.7-1.0 s to import here, which
+no node or master start-up should pay. Log loss stays the stable form over logits:
+``sklearn.metrics.log_loss`` takes probabilities and clips them at float64's epsilon, so a
+confidently wrong logit past about ±36 is scored 36 instead of its true loss (at 40: 36.04,
+not 40). On logits inside that range the two agree to 1e-12 (tests/training).
+"""
 
 from __future__ import annotations
 
@@ -8,27 +16,25 @@ from dlrover_core.errors import InputError
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve by ranks (ties get their average rank).
+    """Area under the ROC curve (``sklearn.metrics.roc_auc_score``; tied scores count one
+    half per pair).
 
-    NaN when ``labels`` hold only one class (AUC is undefined there)."""
+    NaN when ``labels`` hold only one class (AUC is undefined there; scikit-learn would warn
+    and return NaN too, this says so without a warning)."""
     y = np.asarray(labels).reshape(-1) > 0.5
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     if y.shape != s.shape:
         raise InputError(f"labels ({y.shape[0]}) and scores ({s.shape[0]}) differ in length")
     pos = int(y.sum())
-    neg = y.shape[0] - pos
-    if pos == 0 or neg == 0:
+    if pos == 0 or pos == y.shape[0]:
         return float("nan")
-    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
-    # average 1-based rank of each distinct score: tied values share the mean of their ranks
-    ends = np.cumsum(counts)
-    avg_rank = ends - (counts - 1) / 2.0
-    rank_sum = float(avg_rank[inverse][y].sum())
-    return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
+    from sklearn.metrics import roc_auc_score  # lazy: see the module docstring
+
+    return float(roc_auc_score(y, s))
 
 
 def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
-    """Mean binary cross-entropy of logits (numerically stable)."""
+    """Mean binary cross-entropy of logits (numerically stable; the training loss's form)."""
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
     z = np.asarray(logits, dtype=np.float64).reshape(-1)
     if y.shape[0] == 0:
