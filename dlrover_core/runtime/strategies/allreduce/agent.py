@@ -99,7 +99,7 @@ from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.types import Role
 from dlrover_core.units import mib_from_bytes
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dlrover_rm.rank")
 
 SPEC_FILE = "spec.json"
 CKPT_DIR = "allreduce-ckpt"
@@ -666,9 +666,9 @@ def _parse(argv: Sequence[str] | None) -> RankArgs:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s rank %(levelname)s %(message)s", force=True
-    )
+    from dlrover_core import logs
+
+    logs.setup_node("warning")
     try:
         args = _parse(argv)
     except DLRoverError as e:

@@ -105,7 +105,7 @@ from dlrover_core.training.carry import (
     parent_path,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dlrover_rm.ps")
 
 SERVICE = "dlrover.PS"
 DEFAULT_LR = 0.05
@@ -1474,9 +1474,10 @@ EXIT_FATAL = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dlrover_core import logs
     from dlrover_core.runtime.backends.base import ENV_ADVERTISE_HOST, ENV_BIND_HOST
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s ps %(levelname)s %(message)s")
+    logs.setup_node("info")
     args = _parse(argv)
     run_dir = Path(args.run_dir)
     try:

@@ -107,7 +107,7 @@ from dlrover_core.training.model import DenseTower, LookupFn, evaluate, feature_
 from dlrover_core.types import Role
 from dlrover_core.units import bytes_from_mib, mib_from_bytes
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dlrover_rm.worker")
 
 SPEC_FILE = "spec.json"
 ALLOC_ENV = "DLROVER_RM_WORKER_ALLOC_MIB"
@@ -1106,9 +1106,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s", force=True
-    )
+    from dlrover_core import logs
+
+    logs.setup_node("info")
     args = _parse(argv)
     worker = Worker(
         args.run_dir,
