@@ -340,7 +340,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
             return text
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or text
 
 
 JSON_HELP = "print the result as JSON on stdout, and nothing else there"
