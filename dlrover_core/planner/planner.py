@@ -1,6 +1,7 @@
 """The three-stage planner: pure functions of (spec, history, samples, observations, clock).
 
-stage 1  initial_plan():  warm start from similar runs, or cold start
+stage 1  initial_plan():  warm start from runs of the signature, else from similar jobs'
+                          runs (planner/similar.py), else cold start
 stage 2  replan():        sampling configurations, then model-based scaling
 stage 3  replan():        post-scaling on instability (runs first: it is urgent)
 """
@@ -35,7 +36,8 @@ from dlrover_core.planner.memory_sizing import (
     worker_memory_mib,
 )
 from dlrover_core.planner.post_scaling import StragglerMemo, post_scale, ps_memory_along
-from dlrover_core.planner.warm_start import initial_plan, similar_runs
+from dlrover_core.planner.similar import SimilarConfig
+from dlrover_core.planner.warm_start import similar_runs, stage_one
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     HistoryRecord,
@@ -399,9 +401,12 @@ class Planner:
         config: PlannerConfig | None = None,
         *,
         model_factory: ModelFactory | None = None,
+        similar: SimilarConfig | None = SimilarConfig(),
     ) -> None:
         self.spec = spec
         self.config = config or PlannerConfig.from_spec(spec)
+        # stage 1 for a new signature: the runs of similar jobs (None: never)
+        self.similar = similar
         self.bounds = JobBounds.from_spec(spec)
         self.model_factory: ModelFactory = model_factory or ModelChoice(self.config.throughput_form)
         # memory fits of the latest observations, reused within and across calls until a
@@ -458,10 +463,14 @@ class Planner:
         self, history: Sequence[HistoryRecord] = (), now_s: float = 0.0
     ) -> ResourcePlan:
         """Stage 1; when similar runs left speed samples that identify the model, the warm
-        start is refined by the model at once (no sampling needed for a recurring job)."""
-        base = initial_plan(self.spec, history, self.config, now_s)
-        runs = similar_runs(self.spec, history, now_s, self.config.history_window_s)
-        prior = _samples_of(runs)
+        start is refined by the model at once (no sampling needed for a recurring job). A
+        new signature starts from the runs of similar jobs (``similar``), refined the same way
+        from their samples when ``similar.refine``; their samples fit only this first plan
+        (``history_samples`` keeps to the signature's own runs)."""
+        base, runs = stage_one(self.spec, history, self.config, now_s, self.similar)
+        own = bool(runs) and runs[0].signature == self.spec.signature_key
+        refine = own or (self.similar is not None and self.similar.refine)
+        prior = _samples_of(runs) if refine else []
         if not prior:
             return self._prior_start(base) if base.stage is Stage.COLD_START else base
         self._adopt_model_choice(runs)
@@ -469,8 +478,9 @@ class Planner:
         if model is None or not model.trustworthy(self.config.max_trust_rel_error):
             return base
         res = self._search(model, base, (), scaling.SearchLimits(), memory_from=base)
+        whose = "earlier runs" if own else "the similar jobs' runs"
         plan = self._scaled_plan(
-            base, res, model, now_s, prefix=f"model from {len(prior)} samples of earlier runs"
+            base, res, model, now_s, prefix=f"model from {len(prior)} samples of {whose}"
         )
         return plan.replace(stage=base.stage, reasons=(*base.reasons, *plan.reasons))
 

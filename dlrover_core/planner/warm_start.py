@@ -10,6 +10,7 @@ from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
 from dlrover_core.planner.scaling import plan_key, samples_at
+from dlrover_core.planner.similar import SimilarConfig, SimilarJobs, memory_ratio, similar_jobs
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     HistoryRecord,
@@ -23,6 +24,10 @@ from dlrover_core.types import (
 
 def major_cluster_mean(values: Sequence[float], fraction: float = 0.5) -> float:
     """DLRover's robust aggregate: average the ``fraction`` of values nearest the median.
+
+    Not a scikit-learn clustering (issue 38): this is a 1-D trimmed mean over the few runs of
+    one signature (1-10 values), and KMeans, DBSCAN or MeanShift would need a cluster count,
+    a radius or a bandwidth chosen per quantity, and say nothing on two or three values.
 
     >>> major_cluster_mean([10, 11, 12, 100])
     11.5
@@ -197,14 +202,75 @@ def _worker_cpu_used(run: HistoryRecord) -> float | None:
     return run.worker_cpu_used_millicores
 
 
-def initial_plan(
-    spec: JobSpec, history: Sequence[HistoryRecord], cfg: PlannerConfig, now_s: float
+def similar_start(
+    spec: JobSpec, found: SimilarJobs, cfg: PlannerConfig, now_s: float
 ) -> ResourcePlan:
+    """A warm start from the runs of similar jobs (``similar.similar_jobs``): their final
+    configurations aggregated as for an exact signature, PS memory scaled by what this job's
+    spec expects over theirs, worker memory at least this spec's estimate."""
+    assert found.features is not None and found.runs
+    plan = warm_start(spec, found.runs, cfg, now_s)
+    ratio = memory_ratio(found.features, found.runs)
+    w, p = plan.workers, plan.ps
+    w_mem = max(w.resources.memory_mib, worker_memory_mib(spec))
+    p_mem = ceil_mib(p.resources.memory_mib * ratio) if p.count else 0
+    bounds = JobBounds.from_spec(spec)
+    workers, ps, notes = bounds.fit(
+        RolePlan(w.count, NodeResources(w.resources.cpu_millicores, w_mem)),
+        RolePlan(p.count, NodeResources(p.resources.cpu_millicores, p_mem)),
+    )
+    n_runs = len(found.runs)
+    learnt = "; ".join(n.describe() for n in found.neighbours)
+    reasons = [
+        f"similar-job prior: no successful run of signature {spec.signature_key!r}; learnt "
+        f"from {n_runs} run(s) of {len(found.neighbours)} similar job(s), nearest first: "
+        f"{learnt} (distance: RMS log2 difference of the job features; near <= "
+        f"{found.max_distance:g})",
+        *plan.reasons[1:],
+    ]
+    if ratio != 1.0:
+        reasons.append(
+            f"PS memory × {ratio:.2f}: this spec expects that much more embedding memory "
+            "than theirs did"
+        )
+    reasons.extend(n for n in notes if n not in reasons)
+    return plan.replace(workers=workers, ps=ps, reasons=tuple(reasons))
+
+
+def stage_one(
+    spec: JobSpec,
+    history: Sequence[HistoryRecord],
+    cfg: PlannerConfig,
+    now_s: float,
+    similar: SimilarConfig | None = SimilarConfig(),
+) -> tuple[ResourcePlan, list[HistoryRecord]]:
+    """Stage 1 and the runs it learnt from: the runs of the signature (and strategy) first;
+    else the runs of the nearest similar jobs (``similar``: None never looks); else DLRover's
+    cold start, saying why no similar job served."""
     runs = similar_runs(spec, history, now_s, cfg.history_window_s)
     if runs:
-        return warm_start(spec, runs, cfg, now_s)
-    plan = cold_start(spec, cfg, now_s)
-    note = strategy_note(spec, history, now_s, cfg.history_window_s)
-    return (
-        plan if note is None else plan.replace(reasons=(plan.reasons[0], note, *plan.reasons[1:]))
+        return warm_start(spec, runs, cfg, now_s), runs
+    found = (
+        similar_jobs(spec, history, now_s, cfg.history_window_s, similar)
+        if similar is not None
+        else SimilarJobs()
     )
+    if found.found:
+        return similar_start(spec, found, cfg, now_s), list(found.runs)
+    plan = cold_start(spec, cfg, now_s)
+    notes = [
+        n for n in (strategy_note(spec, history, now_s, cfg.history_window_s), found.note) if n
+    ]
+    if notes:
+        plan = plan.replace(reasons=(plan.reasons[0], *notes, *plan.reasons[1:]))
+    return plan, []
+
+
+def initial_plan(
+    spec: JobSpec,
+    history: Sequence[HistoryRecord],
+    cfg: PlannerConfig,
+    now_s: float,
+    similar: SimilarConfig | None = SimilarConfig(),
+) -> ResourcePlan:
+    return stage_one(spec, history, cfg, now_s, similar)[0]
