@@ -10,12 +10,17 @@ STAMP   = $(VENV)/.installed
 
 venv: $(STAMP)
 
+# torch's CPU wheels (PyPI's torch for Linux is the CUDA build). Where this index cannot be
+# reached, pip finds torch in the indexes it is configured with (one quick retry, no waits).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
 # First time only: a venv from the repo's own pins (torch CPU wheel, torchrec without its
 # CUDA-only dependency, then the project with every extra).
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	$(PIP) install -qq --retries 1 --extra-index-url $(TORCH_INDEX) -c constraints.txt \
+		torch==2.13.0 fbgemm-gpu-cpu==1.8.0
 	$(PIP) install -q --no-deps torchrec==1.8.0
 	$(PIP) install -q -c constraints.txt -e ".[all,dev]"
 	touch $(STAMP)
@@ -57,7 +62,8 @@ simulate: $(STAMP)
 
 lock:
 	rm -rf /tmp/dlrover-rm-lock && $(PYTHON) -m venv /tmp/dlrover-rm-lock
-	/tmp/dlrover-rm-lock/bin/pip install -q torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	/tmp/dlrover-rm-lock/bin/pip install -qq --retries 1 --extra-index-url $(TORCH_INDEX) \
+		torch==2.13.0 fbgemm-gpu-cpu==1.8.0
 	/tmp/dlrover-rm-lock/bin/pip install -q -e ".[all,dev]"
 	/tmp/dlrover-rm-lock/bin/pip freeze | grep -v -i -E "^(-e|torchrec|dlrover-rm)" > constraints.txt.new
 	@echo "review and move constraints.txt.new to constraints.txt"

@@ -54,6 +54,41 @@ def missing_extra(module: str) -> str:
     )
 
 
+# what each command cannot run without (a module that marks the extra), checked before it
+# starts, so that one line names every extra missing rather than the first import to fail
+NEEDS = {
+    "train": ("runtime", "history"),
+    "profile": ("runtime",),
+    "export": ("runtime",),
+    "demo": ("runtime", "history"),
+    "submit": ("kubernetes",),
+    "cancel": ("kubernetes",),
+}
+MARKERS = {"runtime": ("torch", "grpc", "torchrec"), "history": ("sqlalchemy",),
+           "kubernetes": ("kubernetes",)}  # fmt: skip
+
+
+def missing_extras(command: str) -> str | None:
+    """One line naming the extras ``command`` needs that are not installed, or None."""
+    from importlib.util import find_spec
+
+    missing = [e for e in NEEDS.get(command, ()) if any(find_spec(m) is None for m in MARKERS[e])]
+    if not missing:
+        return None
+    if missing == ["runtime"] and find_spec("torch") and find_spec("grpc"):
+        return missing_extra("torchrec")
+    names = " and ".join(f"'{e}'" for e in missing)
+    return (
+        f"`dlrover-rm {command}` needs the {names} extra{'s' if len(missing) > 1 else ''}, "
+        f"not installed: pip install 'dlrover-rm[{','.join(missing)}]' -c constraints.txt"
+        + (
+            " (with torch's CPU wheel and torchrec --no-deps first: see the README's Install)"
+            if "runtime" in missing
+            else ""
+        )
+    )
+
+
 # pipelines/ in a checkout, dlrover_rm/pipelines (a link to it there) in an installed wheel
 EXAMPLE_SPEC = (
     Path(__file__).resolve().parent.parent / "dlrover_rm" / "pipelines" / "specs" / "small.yaml"
@@ -522,6 +557,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return node_main(raw[1:])
     args = build_parser().parse_args(argv)
     logs.setup(args.log_level, json_lines=args.log_json)
+    missing = missing_extras(args.command)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         return int(args.func(args))
     except DLRoverError as e:

@@ -393,3 +393,22 @@ def test_node_help_exits_zero() -> None:
         [sys.executable, "-m", "dlrover_core.cli", "node", "bogus"], capture_output=True, text=True
     )
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_a_command_names_every_extra_it_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from dlrover_core import cli
+
+    real = importlib.util.find_spec
+    gone = {"torch", "sqlalchemy"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda m, *a: None if m in gone else real(m, *a)
+    )
+    line = cli.missing_extras("train")
+    assert line and "'runtime' and 'history' extras" in line and "\n" not in line
+    assert cli.missing_extras("plan") is None
+    gone = {"torchrec"}
+    line = cli.missing_extras("profile")
+    assert line and "--no-deps torchrec" in line
+    assert main(["train", "--spec", SMALL]) == 2
