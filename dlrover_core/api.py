@@ -17,7 +17,7 @@ from dlrover_core.model.samples_io import read_configs_csv, read_samples_csv
 from dlrover_core.model.throughput import fit_throughput_model, model_from_dict
 from dlrover_core.planner import Planner
 from dlrover_core.spec import JobSpec, load_spec
-from dlrover_core.types import HistoryRecord, NodeResources, Sample
+from dlrover_core.types import HistoryRecord, NodeResources, ResourcePlan, Sample
 from dlrover_core.units import milliseconds
 
 SpecLike = str | Path | Mapping[str, Any] | JobSpec
@@ -129,6 +129,35 @@ def _read_records(
         store.close()
 
 
+def read_similar(
+    url: str | None, spec: JobSpec, records: Sequence[HistoryRecord], now_s: float | None = None
+) -> list[HistoryRecord]:
+    """Runs of other signatures, with the spec each ran, for the similar-job prior of a
+    signature that has no run of its own (and strategy) in ``records``
+    (planner/similar.py); none when it has one, when the history is a JSON export (it holds
+    every signature already) or none, or when the store cannot be read (a warning: the plan
+    then starts as it would without them)."""
+    from dlrover_core.planner.warm_start import similar_runs
+
+    now = now_s if now_s is not None else time.time()
+    window = spec.pacing.history_window_s
+    if similar_runs(spec, records, now, window):
+        return []
+    if url and (url.lower() in NO_HISTORY or url.removeprefix("file://").endswith(".json")):
+        return []
+    from dlrover_core.history.store import HistoryStore
+
+    store = HistoryStore(url or spec.history.url)
+    try:
+        recent = store.recent(now, window)
+    except StoreUnavailableError as e:
+        log.warning("similar jobs not read: %s", e)
+        return []
+    finally:
+        store.close()
+    return [r for r in recent if r.signature != spec.signature_key]
+
+
 def _all_records(store: Any) -> list[HistoryRecord]:
     """Every successful run in the store, for callers that give no spec to filter by."""
     sigs = {r["signature"] for r in store.runs(limit=1000) if r["succeeded"]}
@@ -148,8 +177,11 @@ def plan(
     js = resolve_spec(spec, overrides)
     smp = read_samples_csv(samples) if isinstance(samples, (str, Path)) else list(samples or [])
     recs, read = read_history(history, js, now_s)
+    near = read_similar(history, js, recs, now_s) if "error" not in read else []
+    if near:
+        read["similar_records"] = len(near)
     t0 = time.perf_counter()
-    p = Planner(js).offline_plan(smp, recs, now_s if now_s is not None else time.time())
+    p = Planner(js).offline_plan(smp, [*recs, *near], now_s if now_s is not None else time.time())
     out = p.to_dict()
     # a pipeline step that runs the whole job (local backend) hosts every node plus the
     # master; on Kubernetes it only submits and follows (the master and the nodes are pods)
@@ -255,6 +287,8 @@ def train(
     rp = _resolve_plan(plan)
     recs, read = read_history(history, js)
     js, init_note = resolve_init_from(js, recs)
+    if rp is None and "error" not in read:
+        rp = _similar_first_plan(js, recs, read, history)
     return run_job(
         js,
         plan=rp,
@@ -266,6 +300,22 @@ def train(
         history_read=read,
         init_note=init_note,
     )
+
+
+def _similar_first_plan(
+    js: JobSpec, recs: Sequence[HistoryRecord], read: dict[str, Any], history: str | None
+) -> ResourcePlan | None:
+    """The first plan from similar jobs' runs, for a signature with no run of its own (the
+    master's own stage 1 sees only the signature's records); None otherwise."""
+    now = time.time()
+    near = read_similar(history, js, recs, now)
+    if not near:
+        return None
+    first = Planner(js).initial_plan([*recs, *near], now)
+    if not first.reasons or not first.reasons[0].startswith("similar-job prior"):
+        return None
+    read["similar_records"] = len(near)
+    return first
 
 
 def resolve_init_from(

@@ -324,6 +324,28 @@ class HistoryStore:
         rows = self._read(q)
         return [self._record(r) for r in rows]
 
+    def recent(self, now_s: float, window_s: float, limit: int = 500) -> list[HistoryRecord]:
+        """Successful runs of every signature that finished in ``[now_s - window_s, now_s]``,
+        the newest ``limit``, each with the spec it ran (``extra["spec"]``): what a new
+        signature's similar-job prior learns from (planner/similar.py)."""
+        t = runs_table
+        q = (
+            sa.select(t)
+            .where(
+                t.c.succeeded.is_(True),
+                t.c.finished_at_s >= now_s - window_s,
+                t.c.finished_at_s <= now_s,
+            )
+            .order_by(t.c.finished_at_s.desc(), t.c.id.desc())
+            .limit(int(limit))
+        )
+        out = []
+        for r in self._read(q):
+            rec = self._record(r)
+            rec.extra["spec"] = dict(r.spec or {})
+            out.append(rec)
+        return out
+
     def runs(self, limit: int = 50) -> list[dict[str, Any]]:
         """The latest runs, newest first, as JSON-able summaries."""
         t = runs_table

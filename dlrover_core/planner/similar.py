@@ -137,7 +137,10 @@ class SimilarConfig:
     """How near is near (ours; issue 38). Distances are RMS log2 differences per feature."""
 
     k: int = 3  # at most this many neighbouring signatures
-    max_distance: float = 0.5  # farther: not similar (0.5: on average within 2^0.5 = 1.41×)
+    # farther: not similar. 0.3: about one feature doubled of the 13 (1/√13 = 0.28), or
+    # several a little. Chosen on the benchmark's tuning seeds 1-3: at 0.5, 8 of 18 unrelated
+    # one-off jobs found a "neighbour" (5 PS OOMs, JCT × 1.14); at 0.3, 3 of 18 and none
+    max_distance: float = 0.3
     slack: float = 0.15  # and no farther than the nearest + this
     min_runs: int = 1  # fewer runs than this among the neighbours: not enough to learn from
     refine: bool = True  # the neighbours' speed samples fit the model that refines the plan
