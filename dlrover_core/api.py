@@ -600,7 +600,7 @@ def in_master_pod() -> bool:
     downward-API pod name is set)."""
     import os
 
-    from dlrover_core.runtime.backends.kubernetes_pods import ENV_POD_NAME
+    from dlrover_core.runtime.backends.base import ENV_POD_NAME  # no kubernetes import
 
     return bool(os.environ.get(ENV_POD_NAME))
 

@@ -82,6 +82,8 @@ ENV_MEMORY_MIB = "DLROVER_RM_MEMORY_MIB"
 # advertised host the pod IP (downward API).
 ENV_BIND_HOST = "DLROVER_RM_BIND_HOST"
 ENV_ADVERTISE_HOST = "DLROVER_RM_ADVERTISE_HOST"
+# a job master in a pod `dlrover-rm submit` created: its pod name (the downward API)
+ENV_POD_NAME = "DLROVER_RM_POD_NAME"
 
 
 @dataclass(frozen=True)

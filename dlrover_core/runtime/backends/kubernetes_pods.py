@@ -17,6 +17,7 @@ from dlrover_core.runtime.backends.base import (
     DISRUPTED_REASON,
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
+    ENV_POD_NAME,
     FATAL_WAITING_REASONS,
     OOM_REASON,
     NodeExit,
@@ -36,7 +37,6 @@ STATE_VOLUME = "state"
 TOKEN_VOLUME = "token"
 TOKEN_MOUNT_PATH = "/var/run/dlrover-rm/token"
 
-ENV_POD_NAME = "DLROVER_RM_POD_NAME"
 ENV_NAMESPACE = "DLROVER_RM_NAMESPACE"
 ENV_STATE_DIR = "DLROVER_RM_STATE_DIR"
 ENV_STATE_URL = "DLROVER_RM_STATE_URL"
