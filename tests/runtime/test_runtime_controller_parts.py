@@ -23,7 +23,9 @@ from dlrover_core.runtime.state import GEN_ACTIVE, GEN_STARTING, STATE_FILE, Mas
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
 from dlrover_core.runtime.strategies.ps.client import PSClient, PSUnavailable
 from dlrover_core.runtime.strategies.ps.control import checkpoint_set, freeze_set
-from dlrover_core.runtime.strategies.ps.server import PSServer, PSShard, restore_tagged
+from dlrover_core.runtime.strategies.ps.server import restore_tagged
+from dlrover_core.runtime.strategies.ps.service import PSServer
+from dlrover_core.runtime.strategies.ps.shard import PSShard
 from dlrover_core.types import NodeResources, Role
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,10 +14,12 @@ import pytest
 
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
-from dlrover_core.runtime.strategies.ps import server as ps_mod
+from dlrover_core.runtime.strategies.ps import store as ps_store
 from dlrover_core.runtime.strategies.ps.client import PSClient, PSError, PSUnavailable
 from dlrover_core.runtime.strategies.ps.partition import dense_owner, dense_owners, owner
-from dlrover_core.runtime.strategies.ps.server import SERVICE, PSServer, PSShard, init_rows
+from dlrover_core.runtime.strategies.ps.service import SERVICE, PSServer
+from dlrover_core.runtime.strategies.ps.shard import PSShard
+from dlrover_core.runtime.strategies.ps.store import init_rows
 
 LR = 0.05
 EPS = 1e-8
@@ -143,7 +145,7 @@ def test_the_row_store_grows_without_copying_the_table(
     no copy) while they fit it; past it (a tiny reserve here) they are copied once into a
     reserve 4x as large, weights and optimizer state intact. Either way the table reads and
     trains exactly as a shard that never grew (its rows created all at once)."""
-    monkeypatch.setattr(ps_mod, "_RESERVE_BYTES", reserve_bytes)
+    monkeypatch.setattr(ps_store, "_RESERVE_BYTES", reserve_bytes)
     grown, whole = PSShard(), PSShard()
     rng = np.random.default_rng(5)
     batches = [rng.integers(0, 10**9, 3000) for _ in range(6)]
@@ -170,7 +172,7 @@ def test_the_row_store_grows_without_copying_the_table(
 
 
 def test_index_stays_consistent_across_delta_merges(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ps_mod, "_DELTA_MIN", 8)  # merge the delta level into main very often
+    monkeypatch.setattr(ps_store, "_DELTA_MIN", 8)  # merge the delta level into main very often
     s = PSShard()
     rng = np.random.default_rng(4)
     seen: set[int] = set()

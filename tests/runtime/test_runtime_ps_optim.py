@@ -13,7 +13,8 @@ import torch
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
 from dlrover_core.runtime.strategies.ps.client import Exchange, PSClient, PSError
-from dlrover_core.runtime.strategies.ps.server import PSServer, PSShard
+from dlrover_core.runtime.strategies.ps.service import PSServer
+from dlrover_core.runtime.strategies.ps.shard import PSShard
 
 LR = 0.05
 DIM = 4

@@ -17,7 +17,8 @@ import pytest
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
 from dlrover_core.runtime.strategies.ps.client import PSClient
-from dlrover_core.runtime.strategies.ps.server import PSShard, addr_path, checkpoint_dir, read_addr
+from dlrover_core.runtime.strategies.ps.server import addr_path, checkpoint_dir, read_addr
+from dlrover_core.runtime.strategies.ps.shard import PSShard
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {"emb": 8}

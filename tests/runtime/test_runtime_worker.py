@@ -27,12 +27,10 @@ from dlrover_core.runtime import wire
 from dlrover_core.runtime.service import serve_master
 from dlrover_core.runtime.state import MasterState
 from dlrover_core.runtime.strategies.ps.client import PSClient
-from dlrover_core.runtime.strategies.ps.server import (
-    PSServer,
-    PSShard,
-    init_rows,
-    restore_shard,
-)
+from dlrover_core.runtime.strategies.ps.server import restore_shard
+from dlrover_core.runtime.strategies.ps.service import PSServer
+from dlrover_core.runtime.strategies.ps.shard import PSShard
+from dlrover_core.runtime.strategies.ps.store import init_rows
 from dlrover_core.runtime.strategies.ps.worker import (
     ALLOC_ENV,
     EXIT_FATAL,

@@ -15,7 +15,7 @@ import torch
 
 from dlrover_core import api
 from dlrover_core.errors import InputError
-from dlrover_core.runtime.strategies.ps.server import PSShard
+from dlrover_core.runtime.strategies.ps.shard import PSShard
 from dlrover_core.training.carry import (
     CARRIED_ACCUMULATOR,
     ParentTables,

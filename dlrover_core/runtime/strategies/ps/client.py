@@ -31,12 +31,8 @@ from dlrover_core.runtime.strategies.ps.partition import (
     splitmix64,
     table_salt,
 )
-from dlrover_core.runtime.strategies.ps.server import (
-    DENSE_GRAD,
-    DENSE_VALUE,
-    SERVICE,
-    aggregate,
-)
+from dlrover_core.runtime.strategies.ps.service import DENSE_GRAD, DENSE_VALUE, SERVICE
+from dlrover_core.runtime.strategies.ps.store import aggregate
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]

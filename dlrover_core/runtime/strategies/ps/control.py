@@ -12,7 +12,7 @@ import grpc
 
 from dlrover_core.errors import DLRoverError, ErrorKind
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.strategies.ps.server import SERVICE
+from dlrover_core.runtime.strategies.ps.service import SERVICE
 
 
 class PSControlError(DLRoverError):
