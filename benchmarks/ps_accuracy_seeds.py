@@ -60,7 +60,7 @@ def final_model(run_dir: Path, extra: tuple[str, ...]) -> dict[str, Any]:
     import torch
 
     from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
-    from dlrover_core.runtime.strategies.ps.worker import load_dense
+    from dlrover_core.runtime.strategies.ps.step import load_dense
     from dlrover_core.spec import load_spec
     from dlrover_core.training.data import from_spec
     from dlrover_core.training.model import DenseTower

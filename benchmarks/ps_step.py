@@ -4,7 +4,7 @@ core each, against an in-process master service (real gRPC everywhere).
     python benchmarks/ps_step.py [--rows 100000] [--staleness 1] [--transfer fp32]
         [--optimizer adagrad] [--profile OUT.prof] [--json OUT]
 
-Prints samples/s and the worker's :class:`~dlrover_core.runtime.strategies.ps.worker.StepTimes`
+Prints samples/s and the worker's :class:`~dlrover_core.runtime.strategies.ps.step.StepTimes`
 per step: ``plan`` (dedup + routing), ``wait`` (blocked on a PS reply), ``compute``
 (forward/backward), ``flush`` (drain before a shard is reported), and ``exchange`` (the round
 trips' own time, in the background when staleness > 0). ``--profile`` writes a cProfile of the
@@ -48,7 +48,8 @@ def measure(
     from dlrover_core.runtime.service import MasterState, serve_master
     from dlrover_core.runtime.strategies.ps.client import PSClient
     from dlrover_core.runtime.strategies.ps.server import read_addr
-    from dlrover_core.runtime.strategies.ps.worker import SPEC_FILE, Worker, evaluate_on_ps
+    from dlrover_core.runtime.strategies.ps.step import evaluate_on_ps
+    from dlrover_core.runtime.strategies.ps.worker import SPEC_FILE, Worker
     from dlrover_core.spec import load_spec, spec_to_dict
 
     spec = load_spec(

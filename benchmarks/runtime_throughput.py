@@ -156,8 +156,8 @@ def delayed_run(
     import torch
     import torch.nn.functional as F
 
+    from dlrover_core.runtime.strategies.ps.step import embedding_ids, table_rows
     from dlrover_core.runtime.strategies.ps.store import init_rows
-    from dlrover_core.runtime.strategies.ps.worker import embedding_ids, table_rows
     from dlrover_core.spec import load_spec
     from dlrover_core.training.data import from_spec
     from dlrover_core.training.model import DenseTower, evaluate, feature_keys

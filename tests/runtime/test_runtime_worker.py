@@ -30,6 +30,7 @@ from dlrover_core.runtime.strategies.ps.client import PSClient
 from dlrover_core.runtime.strategies.ps.server import restore_shard
 from dlrover_core.runtime.strategies.ps.service import PSServer
 from dlrover_core.runtime.strategies.ps.shard import PSShard
+from dlrover_core.runtime.strategies.ps.step import embedding_ids, evaluate_on_ps, table_rows
 from dlrover_core.runtime.strategies.ps.store import init_rows
 from dlrover_core.runtime.strategies.ps.worker import (
     ALLOC_ENV,
@@ -38,10 +39,7 @@ from dlrover_core.runtime.strategies.ps.worker import (
     EXIT_UNAVAILABLE,
     SPEC_FILE,
     Worker,
-    embedding_ids,
-    evaluate_on_ps,
     main,
-    table_rows,
 )
 from dlrover_core.spec import JobSpec, load_spec, spec_to_dict
 from dlrover_core.training.data import from_spec

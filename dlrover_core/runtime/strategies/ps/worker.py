@@ -78,14 +78,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from dlrover_core.errors import DLRoverError
 from dlrover_core.runtime import wire
@@ -101,11 +100,23 @@ from dlrover_core.runtime.strategies.ps.client import (
     PSUnavailable,
     StepPlan,
 )
+from dlrover_core.runtime.strategies.ps.step import (
+    DenseSync,
+    StepGrads,
+    StepTimes,
+    evaluate_on_ps,
+    forward_backward,
+    load_dense,
+    opt_fields,
+    step_plan,
+    table_rows,
+)
+from dlrover_core.runtime.strategies.ps.usage import Rate, Usage
 from dlrover_core.spec import JobSpec, load_spec
-from dlrover_core.training.data import Batch, DataSource, from_spec
-from dlrover_core.training.model import DenseTower, LookupFn, evaluate, feature_keys
+from dlrover_core.training.data import Batch, from_spec
+from dlrover_core.training.model import DenseTower, feature_keys
 from dlrover_core.types import Role
-from dlrover_core.units import bytes_from_mib, mib_from_bytes
+from dlrover_core.units import bytes_from_mib
 
 log = logging.getLogger("dlrover_rm.worker")
 
@@ -123,20 +134,11 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "SPEC_FILE",
-    "DenseSync",
     "PSWaitTimeout",
-    "StepGrads",
     "Worker",
     "WorkerConfigError",
-    "compute_step",
-    "embedding_ids",
-    "evaluate_on_ps",
-    "load_dense",
+    "evaluate_on_ps",  # ps/strategy.py reads it from here (its home: .step)
     "main",
-    "ps_lookup",
-    "pull_embeddings",
-    "table_rows",
-    "train_step",
 ]
 
 
@@ -152,245 +154,6 @@ class _Stopped(Exception):
     """Internal: a stop was requested while waiting; leave the loop cleanly."""
 
 
-# --- the training step (also used by the throughput benchmark) ------------------------------
-
-
-def table_rows(spec: JobSpec) -> list[int | None]:
-    """Rows of each table in feature order (None: dynamic). A raw id of a static table maps to
-    row ``id % rows``, as in :class:`~dlrover_core.training.model.LocalDLRM`."""
-    return [
-        t.num_embeddings if isinstance(t.num_embeddings, int) else None
-        for t in spec.model.embedding_tables
-    ]
-
-
-def embedding_ids(sparse: np.ndarray, rows: Sequence[int | None]) -> list[np.ndarray]:
-    """Per feature, the PS ids of a batch's raw ids ``int64 [n, F]`` (static tables wrap)."""
-    cols = []
-    for f, r in enumerate(rows):
-        col = np.ascontiguousarray(sparse[:, f], dtype=np.int64)
-        cols.append(np.remainder(col, r) if r is not None else col)
-    return cols
-
-
-def pull_embeddings(ps: PSClient, names: Sequence[str], ids: Sequence[np.ndarray]) -> np.ndarray:
-    """Embedding rows ``float32 [n, F, D]`` of per-feature ids (one PS call per PS)."""
-    got = ps.pull_many(dict(zip(names, ids, strict=True)))
-    return np.stack([got[name] for name in names], axis=1)
-
-
-def load_dense(tower: torch.nn.Module, values: dict[str, np.ndarray]) -> None:
-    """Copy dense parameters pulled from the PS into ``tower`` (in place, no autograd)."""
-    params = dict(tower.named_parameters())
-    missing = sorted(set(params) - set(values))
-    if missing:
-        raise DLRoverError(
-            f"the PS set holds no value for dense parameter(s) {missing[:3]}...; every worker "
-            "must run the same model spec (re-create the PS set or fix the spec)"
-        )
-    with torch.no_grad():
-        for name, p in params.items():
-            np.copyto(p.detach().numpy(), np.asarray(values[name]).reshape(p.shape))
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-@dataclass
-class DenseSync:
-    """When :func:`train_step` pulls the dense parameters: every ``every`` steps (1: always)."""
-
-    every: int = 1
-    steps_since: int = field(default=0, init=False)
-    stale: bool = field(default=True, init=False)
-
-    def due(self) -> bool:
-        return self.stale or self.steps_since >= self.every
-
-    def done(self) -> None:
-        self.stale = False
-        self.steps_since = 0
-
-    def invalidate(self) -> None:
-        self.stale = True
-
-
-@dataclass
-class StepGrads:
-    """The gradients of one step, ready to push: the batch's :class:`StepPlan`, the gradient of
-    its unique rows ``[plan.size, dim]`` (duplicates already summed by autograd) and the dense
-    gradients by name, with the optimizer the PS applies."""
-
-    plan: StepPlan
-    grads: np.ndarray
-    dense: dict[str, np.ndarray]
-    lr: float | None
-    optimizer: str | None = None
-    transfer: str = "fp32"
-    # per PS, the version of the dense values these gradients were computed on (a PS scales
-    # the lr of a stale one: see the server's module docstring)
-    dense_read: dict[int, tuple[int, int]] = field(default_factory=dict)
-    warmup: int = 0  # the PS ramps a dense parameter's lr over its first `warmup` updates
-
-    @property
-    def sparse(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per table (unique ids, summed gradient rows), as the older push API takes them."""
-        out: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-        p = self.plan
-        for ps in range(len(p.starts) - 1):
-            o = p.starts[ps]
-            for f, name in enumerate(p.names):
-                c = int(p.counts[ps, f])
-                ids, gs = out.setdefault(name, ([], []))
-                ids.append(p.uniq[o : o + c])
-                gs.append(self.grads[o : o + c])
-                o += c
-        return {n: (np.concatenate(i), np.concatenate(g)) for n, (i, g) in out.items()}
-
-    def exchange(self, pull: StepPlan | None = None, want_dense: bool = False) -> Exchange:
-        return Exchange(self.plan, self.grads, self.dense, pull, want_dense, self.dense_read)
-
-    def opt_fields(self) -> dict[str, Any]:
-        return _opt_fields(self.optimizer, self.lr, self.warmup)
-
-    def push(self, ps: PSClient) -> None:
-        """Send them: one Step call per PS (the PS applies the optimizer with ``lr``; None:
-        the PS's own)."""
-        ps.exchange(self.exchange(), self.opt_fields(), self.transfer)
-
-
-def _opt_fields(optimizer: str | None, lr: float | None, warmup: int = 0) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if optimizer is not None:
-        out["opt"] = optimizer
-    if lr is not None:
-        out["lr"] = lr
-    if warmup:
-        out["warmup"] = warmup
-    return out
-
-
-def forward_backward(
-    tower: DenseTower, batch: Batch, plan: StepPlan, rows: np.ndarray
-) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
-    """Forward and backward of ``batch`` with its unique embedding rows ``rows``
-    ``[plan.size, dim]``: ``(mean loss, gradient of the unique rows, dense gradients)``.
-
-    The rows are one leaf tensor; ``F.embedding(plan.inverse, leaf)`` expands them to
-    ``[n, F, D]``, so autograd sums the gradients of duplicate ids itself."""
-    leaf = torch.from_numpy(rows).requires_grad_(True)
-    emb = F.embedding(torch.from_numpy(plan.inverse), leaf)
-    tower.zero_grad(set_to_none=True)  # fresh grad tensors: a push in flight keeps its own
-    logits = tower(_tensor(batch.dense), emb)
-    loss = F.binary_cross_entropy_with_logits(logits, _tensor(batch.labels))
-    loss.backward()
-    if leaf.grad is None:
-        raise DLRoverError("the DLRM tower produced no gradient for the embedding rows")
-    dense = {n: p.grad.numpy() for n, p in tower.named_parameters() if p.grad is not None}
-    return float(loss.detach()), leaf.grad.numpy(), dense
-
-
-def step_plan(
-    ps: PSClient, batch: Batch, names: Sequence[str], rows: Sequence[int | None]
-) -> StepPlan:
-    """The routing of ``batch``'s ids (static tables wrapped into their rows)."""
-    ids = np.stack(embedding_ids(batch.sparse, rows), axis=1)
-    return ps.plan(ids, names)
-
-
-def compute_step(
-    tower: DenseTower,
-    ps: PSClient,
-    batch: Batch,
-    names: Sequence[str],
-    rows: Sequence[int | None],
-    lr: float | None,
-    *,
-    sync: DenseSync | None = None,
-    optimizer: str | None = None,
-    transfer: str = "fp32",
-    warmup: int = 0,
-) -> tuple[float, StepGrads]:
-    """The pull and compute half of :func:`train_step`: ``(mean loss, gradients to push)``.
-
-    One Step call per PS reads the batch's rows (and the dense parameters when ``sync`` says
-    so)."""
-    want = sync is None or sync.due()
-    plan = step_plan(ps, batch, names, rows)
-    ex = Exchange(pull_plan=plan, want_dense=want)
-    got, dense = ps.exchange(ex, _opt_fields(optimizer, lr, warmup), transfer)
-    assert got is not None
-    read = ex.dense_versions if want else dict(ps.dense_versions)
-    if want:
-        load_dense(tower, dense)
-        ps.dense_versions = dict(read)
-        if sync is not None:
-            sync.done()
-    loss, grads, dense_grads = forward_backward(tower, batch, plan, got)
-    if sync is not None:
-        sync.steps_since += 1
-    return loss, StepGrads(plan, grads, dense_grads, lr, optimizer, transfer, read, warmup)
-
-
-def train_step(
-    tower: DenseTower,
-    ps: PSClient,
-    batch: Batch,
-    names: Sequence[str],
-    rows: Sequence[int | None],
-    lr: float | None,
-    *,
-    sync: DenseSync | None = None,
-    optimizer: str | None = None,
-    transfer: str = "fp32",
-    warmup: int = 0,
-) -> float:
-    """One asynchronous SGD step on ``batch``, not overlapped; returns its mean BCE loss.
-
-    Reads the batch's embedding rows (unique ids per table) and the dense parameters (each
-    step, or as ``sync`` says), runs forward and backward, then pushes the gradients of the
-    unique rows and the dense gradients; the PS applies ``optimizer`` (None: its default,
-    Adagrad) with ``lr`` (None: the PS's own). Raises :class:`PSUnavailable` when a PS cannot
-    be reached (redo the step).
-
-    :class:`Worker` overlaps instead: each step's single round trip per PS carries the previous
-    step's gradients and a later batch's ids (see :class:`StepTimes` and the module docstring)."""
-    loss, grads = compute_step(
-        tower,
-        ps,
-        batch,
-        names,
-        rows,
-        lr,
-        sync=sync,
-        optimizer=optimizer,
-        transfer=transfer,
-        warmup=warmup,
-    )
-    grads.push(ps)
-    return loss
-
-
-@dataclass
-class StepTimes:
-    """Where a worker's steps went (seconds, summed): ``plan`` routing the ids, ``wait``
-    blocked on a PS reply the step needed, ``compute`` forward + backward (+ loading the
-    dense parameters), ``flush`` draining pushes before a shard is reported; ``exchange`` the
-    round trips' own time (in the background when overlapped)."""
-
-    steps: int = 0
-    plan: float = 0.0
-    wait: float = 0.0
-    compute: float = 0.0
-    flush: float = 0.0
-    exchange: float = 0.0
-    exchanges: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items()}
-
-
 @dataclass
 class _InFlight:
     """One exchange sent in the background: what it pushes and which batch it reads."""
@@ -401,110 +164,6 @@ class _InFlight:
     plan: StepPlan | None
     want_dense: bool
     exchange: Exchange | None = None  # its dense_versions, once the future is done
-
-
-# --- evaluation against the PS ---------------------------------------------------------------
-
-
-def ps_lookup(ps: PSClient, spec: JobSpec) -> LookupFn:
-    """A :data:`~dlrover_core.training.model.LookupFn` that pulls rows from the PS set.
-
-    Pulling creates rows for ids the PS has not seen (with their deterministic initial value),
-    as training would."""
-    names = feature_keys(spec.model)
-    rows = table_rows(spec)
-
-    def lookup(sparse: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(pull_embeddings(ps, names, embedding_ids(sparse, rows)))
-
-    return lookup
-
-
-def evaluate_on_ps(
-    spec: JobSpec, ps: PSClient, n: int | None = None, data: DataSource | None = None
-) -> tuple[float, float]:
-    """``(auc, logloss)`` of the model held by the PS set on ``n`` held-out rows (default
-    ``data.eval_rows`` of the spec)."""
-    tower = DenseTower(spec.model)
-    load_dense(tower, ps.pull_dense())
-    source = data if data is not None else from_spec(spec)
-    batch = source.eval_rows(spec.data.eval_rows if n is None else n)
-    return evaluate(tower, ps_lookup(ps, spec), batch)
-
-
-# --- resource numbers for the heartbeat --------------------------------------------------------
-
-
-class _Usage:
-    """CPU (percent of one core, like ``top``) and RSS of this process and its children."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self._psutil = psutil
-        self._proc = psutil.Process()
-        self._last: dict[int, float] = {}
-        self._last_t = time.monotonic()
-        self._cpu_times()  # prime
-
-    def _procs(self) -> list[Any]:
-        try:
-            return [self._proc, *self._proc.children(recursive=True)]
-        except self._psutil.Error:
-            return [self._proc]
-
-    def _cpu_times(self) -> dict[int, float]:
-        out = {}
-        for p in self._procs():
-            try:
-                t = p.cpu_times()
-                out[p.pid] = float(t.user + t.system)
-            except self._psutil.Error:
-                continue
-        return out
-
-    def sample(self) -> tuple[float, float]:
-        now = time.monotonic()
-        times = self._cpu_times()
-        # a process first seen now brings its whole past CPU time: count only known ones
-        used = sum(t - self._last[pid] for pid, t in times.items() if pid in self._last)
-        dt = max(now - self._last_t, 1e-6)
-        self._last, self._last_t = times, now
-        rss = 0
-        for p in self._procs():
-            try:
-                rss += int(p.memory_info().rss)
-            except self._psutil.Error:
-                continue
-        cap = 100.0 * (os.cpu_count() or 1)
-        return min(cap, max(0.0, 100.0 * used / dt)), mib_from_bytes(rss)
-
-
-class _Rate:
-    """Samples/s over a sliding window of ``window_s``."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._points: collections.deque[tuple[float, int]] = collections.deque()
-        self._lock = threading.Lock()
-
-    def add(self, t: float, total: int) -> None:
-        with self._lock:
-            self._points.append((t, total))
-            # keep one point at or before the window's start
-            while len(self._points) > 2 and self._points[1][0] <= t - self.window_s:
-                self._points.popleft()
-
-    def rate(self, now: float, total: int) -> tuple[float, float]:
-        """(samples/s, window seconds) up to ``now`` with ``total`` samples so far."""
-        with self._lock:
-            if not self._points:
-                return 0.0, 0.0
-            t0, n0 = self._points[0]
-        span = now - t0
-        if span <= 0:
-            return 0.0, 0.0
-        return (total - n0) / span, span
 
 
 # --- the worker ---------------------------------------------------------------------------
@@ -642,7 +301,7 @@ class Worker:
         self.batch_size = spec.training.batch_size
         self.data = from_spec(spec)
         self.sync = DenseSync(self.dense_sync_every)
-        self.rate = _Rate(min(spec.pacing.sample_window_s, 30.0))
+        self.rate = Rate(min(spec.pacing.sample_window_s, 30.0))
         self.heartbeat_interval_s = spec.pacing.heartbeat_interval_s
         if self.master_retry_s is None:  # a master gone this long is dead: leave with it
             self.master_retry_s = spec.pacing.dead_after_s
@@ -852,7 +511,7 @@ class Worker:
         assert self._ps is not None
         t0 = time.perf_counter()
         try:
-            fields = _opt_fields(self.optimizer, self.lr, self.warmup)
+            fields = opt_fields(self.optimizer, self.lr, self.warmup)
             return self._ps.exchange(ex, fields, self.transfer, out)
         finally:
             self.times.exchange += time.perf_counter() - t0
@@ -1010,7 +669,7 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         try:
-            usage: _Usage | None = _Usage()
+            usage: Usage | None = Usage()
         except ImportError:  # psutil is part of the runtime extra; without it report zeros
             usage = None
         while True:
@@ -1026,7 +685,7 @@ class Worker:
             if self._hb_stop.wait(self.heartbeat_interval_s):
                 return
 
-    def _heartbeat_once(self, usage: _Usage | None) -> None:
+    def _heartbeat_once(self, usage: Usage | None) -> None:
         assert self._master is not None
         cpu, rss = usage.sample() if usage is not None else (0.0, 0.0)
         sps, _ = self.rate.rate(time.monotonic(), self.samples)
