@@ -250,7 +250,7 @@ def test_submitted_master_is_annotated_for_prometheus() -> None:
     import kubernetes_validate
     import yaml
 
-    from dlrover_core.runtime.backends.submit import MasterConfig, submit_objects
+    from dlrover_core.runtime.backends.manifests import MasterConfig, submit_objects
     from dlrover_core.spec import parse_spec
 
     text = _k8s_spec_text(metrics_port=9100)
@@ -283,7 +283,7 @@ def test_any_free_port_is_refused_on_kubernetes() -> None:
     import yaml
 
     from dlrover_core.errors import InputError
-    from dlrover_core.runtime.backends.submit import MasterConfig
+    from dlrover_core.runtime.backends.manifests import MasterConfig
     from dlrover_core.spec import parse_spec
 
     text = _k8s_spec_text(metrics_port=0)

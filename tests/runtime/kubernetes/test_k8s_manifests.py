@@ -17,15 +17,13 @@ from conftest import FAST_RETRY
 from dlrover_core.errors import InputError
 from dlrover_core.runtime.backends.base import NodeSpec
 from dlrover_core.runtime.backends.kubernetes import KubernetesBackend
-from dlrover_core.runtime.backends.submit import (
+from dlrover_core.runtime.backends.manifests import (
     MasterConfig,
-    cancel,
     job_network_policy,
     master_job,
-    status,
-    submit,
     submit_objects,
 )
+from dlrover_core.runtime.backends.submit import cancel, status, submit
 from dlrover_core.spec import parse_spec
 from dlrover_core.types import NodeResources, Role
 

@@ -13,7 +13,7 @@ import pytest
 from dlrover_core.errors import InputError
 from dlrover_core.runtime import state_url as su
 from dlrover_core.runtime.backends import kubernetes_pods as kp
-from dlrover_core.runtime.backends.submit import MasterConfig, master_job
+from dlrover_core.runtime.backends.manifests import MasterConfig, master_job
 
 
 @pytest.mark.parametrize(
