@@ -1,5 +1,6 @@
-# The component image for the Kubeflow Pipelines components (dlrover_rm/components/*/component.py use
-# base_image="dlrover-rm:0.1.0"; they install nothing at run time, kfp included).
+# The component image for the Kubeflow Pipelines components (components/*/component.py, installed
+# as dlrover_rm.components, use base_image="dlrover-rm:0.1.0"; they install nothing at run time,
+# kfp included).
 #   docker build -t dlrover-rm:0.1.0 .
 # The steps mirror the Makefile's venv target: torch (CPU wheel) and fbgemm-gpu-cpu from the
 # pins, torchrec without its dependencies (its metadata asks for the CUDA fbgemm-gpu), then the

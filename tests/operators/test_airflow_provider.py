@@ -38,7 +38,10 @@ def test_the_wheel_installs_two_import_names_and_the_provider_entry_point(
     src = tmp_path / "src"
     src.mkdir()
     junk = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info")
-    for name in ("pyproject.toml", "README.md", "dlrover_core", "dlrover_rm", "pipelines"):
+    for name in (
+        "pyproject.toml", "README.md", "dlrover_core", "dlrover_rm", "components", "operators",
+        "pipelines",
+    ):  # fmt: skip
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=junk)
         else:
