@@ -89,10 +89,18 @@ def missing_extras(command: str) -> str | None:
     )
 
 
-# pipelines/ in a checkout, dlrover_rm/pipelines (a link to it there) in an installed wheel
-EXAMPLE_SPEC = (
-    Path(__file__).resolve().parent.parent / "dlrover_rm" / "pipelines" / "specs" / "small.yaml"
-)
+def _example_spec() -> Path:
+    """The demo's spec: ``specs/small.yaml`` of the installed ``dlrover_rm.pipelines`` (an
+    editable install maps it to the checkout's pipelines/), else the checkout's own."""
+    from importlib.resources import files
+
+    try:
+        return Path(str(files("dlrover_rm.pipelines") / "specs" / "small.yaml"))
+    except ModuleNotFoundError:  # a checkout on sys.path, not installed
+        return Path(__file__).resolve().parent.parent / "pipelines" / "specs" / "small.yaml"
+
+
+EXAMPLE_SPEC = _example_spec()
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
