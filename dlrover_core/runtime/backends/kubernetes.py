@@ -42,16 +42,14 @@ Thread-safe: one lock guards the pod table; API calls run outside it.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import logging
 import math
 import os
-import queue
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -74,62 +72,38 @@ from dlrover_core.runtime.backends.kubernetes_api import (
     _as_dict,
     _Caller,
     _default_client,
-    _describe,
     _status_message,
     _transient,
+    owner_for_master,
 )
+from dlrover_core.runtime.backends.kubernetes_events import EventSender
 from dlrover_core.runtime.backends.kubernetes_lease import KubernetesLease
 from dlrover_core.runtime.backends.kubernetes_pods import (
     BIND_ALL,
     CONTAINER_NAME,
-    ENV_NAMESPACE,
-    ENV_POD_NAME,
-    ENV_STATE_DIR,
-    ENV_STATE_URL,
-    ENV_TOKEN,
-    LABEL_APP,
     LABEL_INCARNATION,
     LABEL_JOB,
-    LABEL_NODE_ID,
-    LABEL_ROLE,
     OwnerRef,
     PodConfig,
     _identity,
     _parse_time,
     _pod_resources,
+    cpu_usage_millicores,
     job_selector,
     node_to_pod,
     pod_exit,
-    pod_name,
     pod_resize_state,
 )
 from dlrover_core.types import NodeResources, Role
-from dlrover_core.units import cpu_millicores, format_cpu, memory_mib
+from dlrover_core.units import format_cpu, memory_mib
 
+# job.py reads KubernetesLease and owner_for_master from here (homes: .kubernetes_lease,
+# .kubernetes_api)
 __all__ = [
-    "CONTAINER_NAME",
-    "ENV_NAMESPACE",
-    "ENV_POD_NAME",
-    "ENV_STATE_DIR",
-    "ENV_STATE_URL",
-    "ENV_TOKEN",
-    "LABEL_APP",
-    "LABEL_INCARNATION",
-    "LABEL_JOB",
-    "LABEL_NODE_ID",
-    "LABEL_ROLE",
     "KubernetesBackend",
     "KubernetesLease",
-    "KubernetesUnavailableError",
-    "OwnerRef",
-    "PodConfig",
-    "RetryPolicy",
     "backend_from_spec",
-    "job_selector",
-    "node_to_pod",
     "owner_for_master",
-    "pod_exit",
-    "pod_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -220,9 +194,7 @@ class KubernetesBackend:
         self._resource_version: str | None = None
         self.relists = 0  # how many full lists the watcher made (tests, metrics)
         # Events go out from a thread of their own: the control loop never waits on them
-        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=256)
-        self._event_sender: threading.Thread | None = None
-        self.events_dropped = 0
+        self._events = EventSender(self.core, namespace, self._timeout)
 
     # ------------------------------------------------------------------ protocol
 
@@ -322,7 +294,7 @@ class KubernetesBackend:
         try:
             for c in m.get("containers") or []:
                 u = c.get("usage") or {}
-                cpu_m += _cpu_usage_millicores(str(u.get("cpu", "0")))
+                cpu_m += cpu_usage_millicores(str(u.get("cpu", "0")))
                 mem += memory_mib(str(u.get("memory", "0")))
         except (InputError, ValueError):
             return None
@@ -496,65 +468,16 @@ class KubernetesBackend:
             obj = {"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid}
         else:  # a master outside a pod: the run's Lease, which it holds
             obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": self.lease_name}
-        name = obj["name"]
-        now = _dt.datetime.now(tz=_dt.UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{name}.{int(now.timestamp() * 1e6):x}",
-                "namespace": self.cfg.namespace,
-            },
-            "involvedObject": {**obj, "namespace": self.cfg.namespace},
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "dlrover-rm-master"},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            self._events.put_nowait(body)
-        except queue.Full:
-            self.events_dropped += 1
-            return
-        with self._lock:
-            if self._event_sender is None or not self._event_sender.is_alive():
-                self._event_sender = threading.Thread(
-                    target=self._send_events, name="kubernetes-backend-events", daemon=True
-                )
-                self._event_sender.start()
+        self._events.post(obj, reason, message, warning)
 
-    def _send_events(self) -> None:
-        while True:
-            body = self._events.get()
-            if body is None:
-                return
-            try:
-                self.core.create_namespaced_event(
-                    self.cfg.namespace,
-                    body,
-                    _request_timeout=self._timeout,
-                    _preload_content=False,
-                )
-            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-                log.info(
-                    "could not record event %s on %s: %s",
-                    body["reason"],
-                    body["involvedObject"]["name"],
-                    _describe(exc),
-                )
+    @property
+    def events_dropped(self) -> int:
+        """Events dropped because the queue was full."""
+        return self._events.dropped
 
     def _flush_events(self, timeout_s: float) -> None:
-        """Send what is queued (at most ``timeout_s``), then end the sender thread."""
-        sender = self._event_sender
-        if sender is None or not sender.is_alive():
-            return
-        with contextlib.suppress(queue.Full):
-            self._events.put(None, timeout=timeout_s)
-        sender.join(timeout=timeout_s)
+        """Send the queued Events (at most ``timeout_s``), then end the sender thread."""
+        self._events.flush(timeout_s)
 
     def sync(self) -> None:
         """One reconcile by list now (the watcher does this on its own; tests call it to
@@ -826,45 +749,6 @@ class KubernetesBackend:
         node.exit = exit_
         node.pending_since = None
         self._exits.append(exit_)
-
-
-def _cpu_usage_millicores(q: str) -> int:
-    """metrics.k8s.io reports CPU in nanocores ("123456789n") or microcores ("1234u")."""
-    if q.endswith("n"):
-        return round(int(q[:-1]) / 1_000_000)
-    if q.endswith("u"):
-        return round(int(q[:-1]) / 1_000)
-    return cpu_millicores(q)
-
-
-def iter_job_pods(api_client: k8s.ApiClient, namespace: str, job_name: str) -> Iterator[dict]:
-    """Every node pod of ``job_name`` (JSON form): ``dlrover-rm status/cancel`` use it."""
-    core = k8s.CoreV1Api(api_client)
-    data = _as_dict(
-        core.list_namespaced_pod(
-            namespace, label_selector=job_selector(job_name), _preload_content=False
-        )
-    )
-    yield from data.get("items") or []
-
-
-def owner_for_master(api_client: k8s.ApiClient, namespace: str, pod_name: str) -> OwnerRef:
-    """What the node pods should be owned by when the master runs in pod ``pod_name``: the
-    Job controlling that pod when there is one (``dlrover-rm submit``: the nodes then outlive a
-    master pod the Job replaces, and the new master adopts them), else the pod itself (a KFP
-    or Airflow task pod: the nodes go with it)."""
-    core = k8s.CoreV1Api(api_client)
-    pod = _as_dict(core.read_namespaced_pod(pod_name, namespace, _preload_content=False))
-    meta = pod.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "Job":
-            return OwnerRef(
-                name=str(ref["name"]),
-                uid=str(ref["uid"]),
-                kind="Job",
-                api_version=str(ref.get("apiVersion", "batch/v1")),
-            )
-    return OwnerRef(name=pod_name, uid=str(meta.get("uid", "")))
 
 
 def backend_from_spec(

@@ -1,5 +1,6 @@
 """Talking to the Kubernetes API: retries with backoff and jitter, the outage bound, the
-client from in-cluster config or kubeconfig."""
+client from in-cluster config or kubeconfig; the reads of a job's pods and of the master pod's
+owner."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from dlrover_core.errors import DLRoverError, ErrorKind, InputError
+from dlrover_core.runtime.backends.kubernetes_pods import OwnerRef, job_selector
 
 log = logging.getLogger(__name__)
 _RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
@@ -145,3 +147,33 @@ def _default_client() -> k8s.ApiClient:
                 f"({exc}); run inside the cluster or set KUBECONFIG"
             ) from exc
     return k8s.ApiClient()
+
+
+def iter_job_pods(api_client: k8s.ApiClient, namespace: str, job_name: str) -> Iterator[dict]:
+    """Every node pod of ``job_name`` (JSON form): ``dlrover-rm status/cancel`` use it."""
+    core = k8s.CoreV1Api(api_client)
+    data = _as_dict(
+        core.list_namespaced_pod(
+            namespace, label_selector=job_selector(job_name), _preload_content=False
+        )
+    )
+    yield from data.get("items") or []
+
+
+def owner_for_master(api_client: k8s.ApiClient, namespace: str, pod_name: str) -> OwnerRef:
+    """What the node pods should be owned by when the master runs in pod ``pod_name``: the
+    Job controlling that pod when there is one (``dlrover-rm submit``: the nodes then outlive a
+    master pod the Job replaces, and the new master adopts them), else the pod itself (a KFP
+    or Airflow task pod: the nodes go with it)."""
+    core = k8s.CoreV1Api(api_client)
+    pod = _as_dict(core.read_namespaced_pod(pod_name, namespace, _preload_content=False))
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "Job":
+            return OwnerRef(
+                name=str(ref["name"]),
+                uid=str(ref["uid"]),
+                kind="Job",
+                api_version=str(ref.get("apiVersion", "batch/v1")),
+            )
+    return OwnerRef(name=pod_name, uid=str(meta.get("uid", "")))

@@ -410,3 +410,12 @@ def _parse_time(s: str | None) -> float | None:
 
 def _micro_time(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def cpu_usage_millicores(q: str) -> int:
+    """metrics.k8s.io reports CPU in nanocores ("123456789n") or microcores ("1234u")."""
+    if q.endswith("n"):
+        return round(int(q[:-1]) / 1_000_000)
+    if q.endswith("u"):
+        return round(int(q[:-1]) / 1_000)
+    return cpu_millicores(q)

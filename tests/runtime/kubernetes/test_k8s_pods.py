@@ -20,7 +20,7 @@ from dlrover_core.runtime.backends.base import (
     NodeExit,
     NodeSpec,
 )
-from dlrover_core.runtime.backends.kubernetes import (
+from dlrover_core.runtime.backends.kubernetes_pods import (
     ENV_STATE_DIR,
     ENV_STATE_URL,
     ENV_TOKEN,
