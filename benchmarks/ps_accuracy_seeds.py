@@ -1,5 +1,5 @@
 """Held-out AUC of PS training over many random starts, with and without faults, against the
-single-process model on the same rows (the "collapse" of notes/issue-12.md).
+single-process model on the same rows (the "collapse": docs/decisions.md, "PS data plane").
 
     python benchmarks/ps_accuracy_seeds.py [--runs 12 | --seeds 36,9] [--rows 200000]
         [--fault-runs 3 --fault-rows 120000] [--baseline-runs 3]

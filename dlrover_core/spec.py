@@ -369,7 +369,7 @@ class TrainingSpec(_Strict):
     )
     # PS data plane: the first `dense_warmup` updates of a dense parameter ramp its lr up
     # linearly (Adagrad's first steps are lr·sign(g) on every weight; without it they switch
-    # the bottom MLP's ReLU outputs off for good in a few runs in a hundred: notes/issue-12.md)
+    # the bottom MLP's ReLU outputs off for good in a few runs in a hundred: docs/decisions.md)
     dense_warmup: int = Field(
         default=100,
         ge=0,

@@ -1,6 +1,8 @@
-"""Issue 10, session 14: how much of dlrover-rm's per-core gap each planner stage holds.
+"""How much of dlrover-rm's per-core gap to the oracle each planner stage holds (a diagnostic
+on the simulator; issue 10, sessions 14-15).
 
-    python notes/issue-10-bounds.py [--seed 0] [--jobs 300] [--model-forms N | --where]
+    python benchmarks/sim_bounds.py [--seed 0] [--jobs 300] [--model-forms N | --where]
+        [--json OUT]
 
 Three measurements on one generated trace (dlrover-rm only, the table's per-core figure:
 the median over completed jobs of samples per allocated core-second / the oracle's):
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -80,7 +83,7 @@ def _objective(x: np.ndarray, cores: np.ndarray, mem: np.ndarray, ok: np.ndarray
     return j
 
 
-def objective_on_truth(jobs: list[TraceJob]) -> None:
+def objective_on_truth(jobs: list[TraceJob]) -> dict[str, Any]:
     ratios = []
     for job in jobs:
         if not job.name.endswith("-r0"):
@@ -95,6 +98,13 @@ def objective_on_truth(jobs: list[TraceJob]) -> None:
     print(f"1. objective on the truth, {len(a)} first runs (p10 / median):")
     print(f"   per-core / oracle's {np.percentile(a[:, 0], 10):.3f} / {np.median(a[:, 0]):.3f}")
     print(f"   speed / oracle's    {np.percentile(a[:, 1], 10):.3f} / {np.median(a[:, 1]):.3f}")
+    return {
+        "first_runs": len(a),
+        "per_core_p10": float(np.percentile(a[:, 0], 10)),
+        "per_core_median": float(np.median(a[:, 0])),
+        "speed_p10": float(np.percentile(a[:, 1], 10)),
+        "speed_median": float(np.median(a[:, 1])),
+    }
 
 
 def _oracle_plan(job: TraceJob, plan: ResourcePlan, part: str) -> ResourcePlan:
@@ -119,7 +129,7 @@ def _with_engine(name: str, hook: Callable[..., Any] | None, run: Callable[[], A
         setattr(E.Engine, name, original)
 
 
-def bounds(jobs: list[TraceJob], seed: int) -> None:
+def bounds(jobs: list[TraceJob], seed: int) -> list[dict[str, Any]]:
     print("2. per-core / oracle's with some stages' plans replaced by the oracle's configuration:")
     cases = [
         ((), "both"),
@@ -129,6 +139,7 @@ def bounds(jobs: list[TraceJob], seed: int) -> None:
         (("warm_start",), "both"),
         (("warm_start", "scaling"), "both"),
     ]
+    out = []
     for stages, part in cases:
 
         def hook(self: E.Engine, r: Any, plan: ResourcePlan, t: float, st=stages, pt=part) -> Any:
@@ -147,9 +158,17 @@ def bounds(jobs: list[TraceJob], seed: int) -> None:
             f"   {label:<30} {m['oracle_throughput_ratio']:.3f}   JCT median/mean/p90 "
             f"{m['jct_median_s'] / 60:.0f}/{m['jct_mean_s'] / 60:.0f}/{m['jct_p90_s'] / 60:.0f} min"
         )
+        out.append(
+            {
+                "replaced": label,
+                "per_core_vs_oracle": m["oracle_throughput_ratio"],
+                **{k: m[k] for k in ("jct_median_s", "jct_mean_s", "jct_p90_s")},
+            }
+        )
+    return out
 
 
-def warm_starts(jobs: list[TraceJob], seed: int) -> None:
+def warm_starts(jobs: list[TraceJob], seed: int) -> dict[str, Any]:
     applied: dict[str, list[ResourcePlan]] = collections.defaultdict(list)
 
     def hook(self: E.Engine, r: Any, plan: ResourcePlan, t: float) -> Any:
@@ -174,7 +193,8 @@ def warm_starts(jobs: list[TraceJob], seed: int) -> None:
             rows.append(
                 (len({p.ps.count for p in applied[job.name]}) > 1, (d["end_s"] - d["start_s"]) / 60)
             )
-    a = np.array(rows, dtype=float)
+    a = np.array(rows, dtype=float).reshape(-1, 2)
+    varied = []
     for lo, hi in ((0, 40), (40, 80), (80, float("inf"))):
         s = a[(a[:, 1] >= lo) & (a[:, 1] < hi)]
         if len(s):
@@ -182,6 +202,8 @@ def warm_starts(jobs: list[TraceJob], seed: int) -> None:
                 f"   first runs of {lo}-{hi:g} min that varied the PS count: "
                 f"{s[:, 0].mean():.2f} (n={len(s)})"
             )
+            varied.append({"minutes": [lo, hi], "share": float(s[:, 0].mean()), "n": len(s)})
+    return {"reruns_on_one_ps": one_ps, "reruns_oracle_more_ps": more, "first_runs": varied}
 
 
 def _saturated(lam: Any, k: float) -> Any:
@@ -221,7 +243,7 @@ def _fit_saturating(samples: list[Sample]) -> Any:
     return best
 
 
-def model_forms(jobs: list[TraceJob], n: int) -> None:
+def model_forms(jobs: list[TraceJob], n: int) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     w_ax, p_ax, l_ax = T._ORACLE_W, T._ORACLE_P, T._ORACLE_CPU
     out: dict[str, list[tuple[float, float]]] = {"planner's forms": [], "saturating CPU": []}
@@ -248,6 +270,7 @@ def model_forms(jobs: list[TraceJob], n: int) -> None:
                 (x.flat[i] / cores.flat[i] / o.throughput_per_core, x.flat[i] / o.throughput_sps)
             )
     print(f"4. the objective's best point of a fit on {n} random configurations (median, p25):")
+    res: dict[str, Any] = {"configurations": n}
     for name, rows in out.items():
         a = np.array(rows)
         print(
@@ -255,9 +278,16 @@ def model_forms(jobs: list[TraceJob], n: int) -> None:
             f"({np.percentile(a[:, 0], 25):.3f}); speed {np.median(a[:, 1]):.3f} "
             f"({np.percentile(a[:, 1], 25):.3f})"
         )
+        res[name] = {
+            "per_core_median": float(np.median(a[:, 0])),
+            "per_core_p25": float(np.percentile(a[:, 0], 25)),
+            "speed_median": float(np.median(a[:, 1])),
+            "speed_p25": float(np.percentile(a[:, 1], 25)),
+        }
+    return res
 
 
-def fair_oracle(jobs: list[TraceJob]) -> None:
+def fair_oracle(jobs: list[TraceJob]) -> dict[str, Any]:
     """The oracle's rule on a grid where each PS count's hottest load share is its expected
     value under the job's Dirichlet (400 draws, a fixed generator) instead of the job's own
     draw: an oracle that knows every hidden parameter but not which PS count happens to
@@ -287,9 +317,15 @@ def fair_oracle(jobs: list[TraceJob]) -> None:
         f"oracle's {np.median(a[:, 0]):.3f} (p25 {np.percentile(a[:, 0], 25):.3f}), speed "
         f"{np.median(a[:, 1]):.3f}"
     )
+    return {
+        "first_runs": len(a),
+        "per_core_median": float(np.median(a[:, 0])),
+        "per_core_p25": float(np.percentile(a[:, 0], 25)),
+        "speed_median": float(np.median(a[:, 1])),
+    }
 
 
-def breakdown(jobs: list[TraceJob], seed: int) -> None:
+def breakdown(jobs: list[TraceJob], seed: int) -> dict[str, Any]:
     """Where dlrover-rm's per-core figure goes, first runs apart from re-runs: the share of
     allocated core-seconds with no progress (pauses, start-up), the true per-core rate of the
     first and the last configuration measured, the last one with its workers right-sized
@@ -357,11 +393,17 @@ def breakdown(jobs: list[TraceJob], seed: int) -> None:
     print("6. where the per-core figure goes (medians):")
     print("   runs        n  measured  progress-only  zero-progress share  first cfg  last cfg  "
           "last, workers right-sized")  # fmt: skip
+    res: dict[str, Any] = {}
+    cols = ("measured", "progress_only", "zero_progress_share", "first_cfg", "last_cfg")
     for first, rows in groups.items():
         if not rows:  # e.g. a tiny trace with no re-run
             continue
         a = np.array(rows)
         m = np.median(a, axis=0)
+        res["first_runs" if first else "reruns"] = {
+            "n": len(a),
+            **{c: float(v) for c, v in zip((*cols, "last_workers_right_sized"), m, strict=True)},
+        }
         print(
             f"   {'first' if first else 're-runs':<9} {len(a):>4}  {m[0]:8.3f}  {m[1]:13.3f}  "
             f"{m[2]:19.3f}  {m[3]:9.3f}  {m[4]:8.3f}  {m[5]:8.3f}"
@@ -369,15 +411,23 @@ def breakdown(jobs: list[TraceJob], seed: int) -> None:
     print(f"   jobs under 0.7 of the oracle: {sum(poor.values())}; their final configuration has")
     for tag, n in poor.most_common():
         print(f"     {n:>4}  {tag}")
+    res["under_0.7"] = dict(poor.most_common())
+    return res
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=300)
+    ap = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--seed", type=int, default=0, help="trace seed")
+    ap.add_argument("--jobs", type=int, default=300, help="jobs in the generated trace")
     only = ap.add_mutually_exclusive_group()
-    only.add_argument("--model-forms", type=int, default=0, metavar="N")
+    only.add_argument(
+        "--model-forms", type=int, default=0, metavar="N", help="4 only, on N configurations"
+    )
     only.add_argument("--where", action="store_true", help="5 and 6 only (fair oracle, breakdown)")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="also write the figures as JSON")
     a = ap.parse_args()
     if a.seed < 0:
         ap.error(f"--seed must be >= 0 (got {a.seed})")
@@ -389,16 +439,18 @@ def main() -> int:
         )
     jobs = generate_trace(a.jobs, a.seed)
     print(f"dlrover-rm, {a.jobs} jobs, seed {a.seed}")
+    doc: dict[str, Any] = {"jobs": a.jobs, "seed": a.seed}
     if a.model_forms:
-        model_forms(jobs, a.model_forms)
-        return 0
-    if a.where:
-        fair_oracle(jobs)
-        breakdown(jobs, a.seed)
-        return 0
-    objective_on_truth(jobs)
-    bounds(jobs, a.seed)
-    warm_starts(jobs, a.seed)
+        doc["model_forms"] = model_forms(jobs, a.model_forms)
+    elif a.where:
+        doc["fair_oracle"] = fair_oracle(jobs)
+        doc["breakdown"] = breakdown(jobs, a.seed)
+    else:
+        doc["objective_on_truth"] = objective_on_truth(jobs)
+        doc["bounds"] = bounds(jobs, a.seed)
+        doc["warm_starts"] = warm_starts(jobs, a.seed)
+    if a.json:
+        a.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""Issue 10, session 9: where dlrover-rm's throughput per core goes (one trace, one policy).
+"""Where a policy's throughput per core goes on one simulated trace (a diagnostic; issue 10,
+session 9).
 
-    python notes/issue-10-per-core.py [--seed 0] [--jobs 300] [--policy dlrover-rm]
+    python benchmarks/sim_per_core.py [--seed 0] [--jobs 300] [--policy dlrover-rm] [--json OUT]
 
 For every completed job, the configuration it held longest (by allocated core-seconds) is
 compared with the oracle's, and its true throughput per core is recomputed with parts of it
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import sys
 from pathlib import Path
 
@@ -26,10 +28,14 @@ from dlrover_core.sim.trace import generate_trace
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=300)
-    ap.add_argument("--policy", default="dlrover-rm")
+    ap = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--seed", type=int, default=0, help="trace seed")
+    ap.add_argument("--jobs", type=int, default=300, help="jobs in the generated trace")
+    ap.add_argument("--policy", default="dlrover-rm", help="a policy of `dlrover-rm simulate`")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="also write the figures as JSON")
     a = ap.parse_args()
     by_cfg: dict[str, dict[tuple[int, int, float, float], float]] = collections.defaultdict(
         lambda: collections.defaultdict(float)
@@ -102,13 +108,26 @@ def main() -> int:
     ]
     print(f"{a.policy}, {a.jobs} jobs, seed {a.seed}: {len(rows)} completed jobs")
     print(f"median per-core / oracle (the table's figure): {m['oracle_throughput_ratio']:.3f}")
+    doc: dict = {
+        "policy": a.policy,
+        "jobs": a.jobs,
+        "seed": a.seed,
+        "completed": len(rows),
+        "per_core_vs_oracle": m["oracle_throughput_ratio"],
+        "percentiles": [10, 25, 50, 75, 90],
+        "rows": {},
+    }
     for i, name in enumerate(names):
         q = np.percentile(arr[:, i], [10, 25, 50, 75, 90])
         print(f"  {name:<56} " + " ".join(f"{v:6.2f}" for v in q))
+        doc["rows"][name.strip(" .")] = [float(v) for v in q]
     total = sum(by_stage.values())
     print("share of allocated core-seconds:")
     for k, v in sorted(by_stage.items(), key=lambda kv: -kv[1]):
         print(f"  {k:<16} {v / total:.3f}")
+    doc["core_seconds_share"] = {k: v / total for k, v in by_stage.items()}
+    if a.json:
+        a.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

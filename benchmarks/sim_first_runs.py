@@ -1,7 +1,8 @@
-"""Issue 10, session 18: what a first run's start leaves on the table, and whether measured
-CPU utilisation would tell the model more.
+"""What a first run's start leaves on the table, and whether measured CPU utilisation would
+tell the model more (a diagnostic on the simulator; issue 10, session 18).
 
-    python notes/issue-10-first-runs.py [--seed 0] [--jobs 300] [--sigma-u 0.1] [--two-sided]
+    python benchmarks/sim_first_runs.py [--seed 0] [--jobs 300] [--sigma-u 0.1] [--two-sided]
+        [--json OUT]
 
 dlrover-rm runs the trace once. For every first run (``-r0``) its first measured
 configuration c0 is taken, and one sample of it is drawn from the truth (3 % noise). Each
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -48,7 +50,7 @@ from dlrover_core.sim.trace import generate_trace
 from dlrover_core.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bounds", ROOT / "notes" / "issue-10-bounds.py")
+_spec = importlib.util.spec_from_file_location("sim_bounds", ROOT / "benchmarks" / "sim_bounds.py")
 assert _spec is not None and _spec.loader is not None
 bounds = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bounds)
@@ -90,11 +92,15 @@ class WithUtilisation(PSBottleneckThroughputModel):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=300)
-    ap.add_argument("--sigma-u", type=float, default=0.1)
-    ap.add_argument("--two-sided", action="store_true")
+    ap = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--seed", type=int, default=0, help="trace seed")
+    ap.add_argument("--jobs", type=int, default=300, help="jobs in the generated trace")
+    ap.add_argument("--sigma-u", type=float, default=0.1, help="width of the utilisation evidence")
+    ap.add_argument("--two-sided", action="store_true", help="utilisation evidence as equality")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="also write the figures as JSON")
     a = ap.parse_args()
     jobs = generate_trace(a.jobs, seed=a.seed)
     engine = E.Engine(
@@ -145,6 +151,7 @@ def main() -> None:
             judge(WithUtilisation(batch_size=512).fit_with(s, x / xw, x / xps, a.sigma_u, one))
         )
     print(f"dlrover-rm first runs, {a.jobs} jobs, seed {a.seed}: per-core / speed vs the oracle")
+    doc: dict[str, Any] = {"jobs": a.jobs, "seed": a.seed, "rows": {}}
     for k, v in rows.items():
         m = np.array(v)
         print(
@@ -152,6 +159,15 @@ def main() -> None:
             f"(p25 {np.percentile(m[:, 0], 25):.3f})  speed {np.median(m[:, 1]):.3f} "
             f"(p25 {np.percentile(m[:, 1], 25):.3f})"
         )
+        doc["rows"][k] = {
+            "n": len(m),
+            "per_core_median": float(np.median(m[:, 0])),
+            "per_core_p25": float(np.percentile(m[:, 0], 25)),
+            "speed_median": float(np.median(m[:, 1])),
+            "speed_p25": float(np.percentile(m[:, 1], 25)),
+        }
+    if a.json:
+        a.json.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":
