@@ -28,9 +28,9 @@ from typing import Any
 
 from allreduce_common import event_t, spec_dict, table, write_json
 
+from dlrover_core.allreduce_config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.agent import CKPT_DIR
 from dlrover_core.runtime.strategies.allreduce.checkpoint import evaluate_checkpoint
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.launch import LocalGroupHarness, RankProcess
 
 

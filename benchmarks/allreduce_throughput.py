@@ -23,7 +23,7 @@ from pathlib import Path
 
 from allreduce_common import event_t, spec_dict, table, write_json
 
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
+from dlrover_core.allreduce_config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.launch import LocalGroupHarness
 
 

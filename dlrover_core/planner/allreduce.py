@@ -3,7 +3,7 @@ values in, a new :class:`~dlrover_core.types.ResourcePlan` (or None: keep) out; 
 
 Stage 2 (:func:`allreduce_scale`): a grid over (ranks w, CPU per rank λw) inside the quota,
 the worker bounds and the tables' memory (every rank must hold its embedding shards:
-:func:`~dlrover_core.runtime.strategies.allreduce.config.embedding_mib_per_rank`), scored on
+:func:`~dlrover_core.allreduce_config.embedding_mib_per_rank`), scored on
 the fitted :class:`~dlrover_core.model.throughput.AllReduceThroughputModel` with the same
 objective as the PS planner, J = log X − θ·log C. A resize stops the group (checkpoint →
 new world size → new plan → resharded load), so it is taken only when it pays
@@ -38,12 +38,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dlrover_core.model.throughput import AllReduceThroughputModel
-from dlrover_core.runtime.strategies.allreduce.config import (
+from dlrover_core.allreduce_config import (
     RANK_RUNTIME_MIB,
     AllReduceOptions,
     embedding_mib_per_rank,
 )
+from dlrover_core.model.throughput import AllReduceThroughputModel
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     NodeObservation,

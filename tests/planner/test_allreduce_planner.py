@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from dlrover_core.allreduce_config import RANK_RUNTIME_MIB
 from dlrover_core.model.throughput import AllReduceThroughputModel
 from dlrover_core.planner.allreduce import (
     NO_PS,
@@ -16,7 +17,6 @@ from dlrover_core.planner.allreduce import (
     rank_memory_need_mib,
     resize_pays,
 )
-from dlrover_core.runtime.strategies.allreduce.config import RANK_RUNTIME_MIB
 from dlrover_core.types import (
     NodeObservation,
     NodeResources,

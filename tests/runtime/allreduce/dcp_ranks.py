@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dlrover_core.allreduce_config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.checkpoint import load_into, save_collective
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.trainer import RankTrainer
 from dlrover_core.spec import load_spec
 from tests.factories import make_spec_dict

@@ -10,6 +10,14 @@ from typing import Any
 
 import pytest
 
+from dlrover_core.allreduce_config import (
+    DYNAMIC_ROWS,
+    RANK_RUNTIME_MIB,
+    AllReduceOptions,
+    embedding_mib_per_rank,
+    table_mib,
+    validate_allreduce,
+)
 from dlrover_core.errors import InputError
 from dlrover_core.runtime.strategies.allreduce.agent import (
     EXIT_FATAL,
@@ -24,14 +32,6 @@ from dlrover_core.runtime.strategies.allreduce.checkpoint import (
     CheckpointMeta,
     CheckpointStore,
     ShardRecord,
-)
-from dlrover_core.runtime.strategies.allreduce.config import (
-    DYNAMIC_ROWS,
-    RANK_RUNTIME_MIB,
-    AllReduceOptions,
-    embedding_mib_per_rank,
-    table_mib,
-    validate_allreduce,
 )
 from dlrover_core.runtime.strategies.allreduce.launch import generation_ranks, read_exit
 from dlrover_core.runtime.strategies.allreduce.trainer import rank_slices, round_steps

@@ -16,9 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
+from dlrover_core.allreduce_config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.agent import CKPT_DIR, DELAY_ENV, EXIT_PEER_LOST
 from dlrover_core.runtime.strategies.allreduce.checkpoint import CheckpointStore
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.launch import LocalGroupHarness, RankProcess
 from tests.factories import make_spec_dict
 

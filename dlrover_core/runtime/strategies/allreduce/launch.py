@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from dlrover_core.allreduce_config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.agent import (
     EVENT_PREFIX,
     EXIT_FATAL,
@@ -36,7 +37,6 @@ from dlrover_core.runtime.strategies.allreduce.agent import (
     RankArgs,
     agent_argv,
 )
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
 
 __all__ = [
     "RANK_ENV",

@@ -45,8 +45,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from dlrover_core.allreduce_config import AllReduceOptions, table_sharding_types
 from dlrover_core.errors import InputError
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, table_sharding_types
 from dlrover_core.spec import JobSpec
 from dlrover_core.training.data import Batch, DataSource, from_spec
 from dlrover_core.training.model import DenseTower, LocalDLRM, to_kjt
