@@ -16,6 +16,12 @@ from dlrover_core.history.records import read_history_json
 from dlrover_core.model.samples_io import read_configs_csv, read_samples_csv
 from dlrover_core.model.throughput import fit_throughput_model, model_from_dict
 from dlrover_core.planner import Planner
+from dlrover_core.runtime.report_line import (  # noqa: F401 - the seam keeps these names
+    REPORT_LINE,
+    REPORT_LINE_FIELDS,
+    parse_report_line,
+    report_line,
+)
 from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.types import HistoryRecord, NodeResources, ResourcePlan, Sample
 from dlrover_core.units import milliseconds
@@ -576,25 +582,6 @@ def cancel(job: str, namespace: str = "default") -> dict[str, Any]:
     return {"job": job, "deleted": k8s.cancel(_default_client(), namespace, job)}
 
 
-REPORT_LINE = "DLROVER-RM-REPORT"
-"""The prefix of the one stdout line ``dlrover-rm train`` prints in a pod: a caller that sees
-only the Kubernetes API (the Airflow trigger) reads the job's result from the pod log."""
-
-REPORT_LINE_FIELDS = (
-    "job", "state", "failure", "auc", "samples_done", "samples_total", "shards_done",
-    "shards_total", "shards_completed_twice", "shards_lost", "throughput_sps", "wall_s",
-    "model_dir", "export_error", "run_dir", "history_run_id", "run_url", "model_url",
-)  # fmt: skip
-
-
-def report_line(report: Mapping[str, Any]) -> str:
-    """``DLROVER-RM-REPORT {compact JSON}``: the report's summary, valid JSON (no NaN)."""
-    from dlrover_core.runtime.report import json_safe
-
-    summary = {k: json_safe(report.get(k)) for k in REPORT_LINE_FIELDS if k in report}
-    return f"{REPORT_LINE} " + json.dumps(summary, separators=(",", ":"), allow_nan=False)
-
-
 def in_master_pod() -> bool:
     """Whether this process is a job master in a pod ``dlrover-rm submit`` created (its
     downward-API pod name is set)."""
@@ -603,19 +590,6 @@ def in_master_pod() -> bool:
     from dlrover_core.runtime.backends.base import ENV_POD_NAME  # no kubernetes import
 
     return bool(os.environ.get(ENV_POD_NAME))
-
-
-def parse_report_line(log_text: str) -> dict[str, Any] | None:
-    """The last ``DLROVER-RM-REPORT`` line of a log, parsed; None when there is none."""
-    for line in reversed(log_text.splitlines()):
-        if line.startswith(REPORT_LINE + " "):
-            try:
-                out = json.loads(line[len(REPORT_LINE) + 1 :])
-            except ValueError:
-                continue
-            if isinstance(out, dict):
-                return out
-    return None
 
 
 def master_logs(

@@ -50,6 +50,7 @@ from dlrover_core.runtime.backends.manifests import (
     parse_secret_ref,
     submit_objects,
 )
+from dlrover_core.runtime.report_line import parse_report_line
 
 # api.py and job.py read these through this module (``submit as k8s``); their home is
 # :mod:`.manifests`.
@@ -109,8 +110,6 @@ def job_outcome(
     """``(status, message, report)`` once the master Job has ended, None while it runs.
     ``report`` is the master's ``DLROVER-RM-REPORT`` line; a failed Job's message is the
     master's failure, else how many master pods failed and the last log lines."""
-    from dlrover_core.api import parse_report_line  # the format lives with report_line
-
     state = status.get("state")
     if state not in ("succeeded", "failed"):
         return None
