@@ -33,6 +33,7 @@ import numpy as np
 
 from dlrover_core.errors import InputError
 from dlrover_core.history.redact import redact_url
+from dlrover_core.training.paths import is_local, is_url, resolve_path
 from dlrover_core.training.pin import Pins, attach
 
 if TYPE_CHECKING:
@@ -136,38 +137,6 @@ def _check_range(start: int, end: int) -> None:
 
 
 # --- where data lives, and how good it is ---------------------------------------------------
-
-
-def _is_local(fs: Any) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-
-def is_url(path: str) -> bool:
-    """True for an fsspec URL (``s3://b/k``, ``memory://x``); False for a local path or
-    ``file://``."""
-    head, sep, _ = str(path).partition("://")
-    return bool(sep) and head not in ("", "file", "local")
-
-
-def resolve_path(path: str | os.PathLike[str]) -> tuple[Any, str]:
-    """``(filesystem, path inside it)`` for a local path (``~`` expanded) or an fsspec URL.
-
-    An unknown protocol, or one whose package is not installed, is one clear line."""
-    import fsspec
-    from fsspec.core import url_to_fs
-
-    text = str(path)
-    if not is_url(text):
-        text = os.path.expanduser(text.removeprefix("file://"))
-        return fsspec.filesystem("file"), os.path.abspath(text)
-    try:
-        fs, inner = url_to_fs(text)
-    except (ValueError, ImportError) as e:
-        raise InputError(
-            f"data.path {redact_url(text)!r}: cannot open this URL ({e}); use a local path, or "
-            "install the fsspec backend for its protocol (e.g. s3fs for s3://, gcsfs for gs://)"
-        ) from None
-    return fs, str(inner)
 
 
 def source_for_path(path: str | os.PathLike[str]) -> str:
@@ -534,7 +503,7 @@ class CriteoTSV:
     ) -> None:
         self.url = str(path)
         self._fs, self._fpath = resolve_path(self.url)
-        self.path = Path(self._fpath) if _is_local(self._fs) else Path(self.url)
+        self.path = Path(self._fpath) if is_local(self._fs) else Path(self.url)
         if not self._fs.isfile(self._fpath):
             raise InputError(
                 f"Criteo TSV {redact_url(self.url)!r} does not exist; give an existing file, "

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_core.errors import DLRoverError, ErrorKind
+from dlrover_core.training.paths import resolve_path
 
 PIN_ENV = "DLROVER_RM_DATA_PIN"
 PIN_FILE = "data_pin.json"
@@ -74,8 +75,6 @@ def _edges(fs: Any, path: str, size: int) -> str:
 
 
 def _fs(url: str) -> tuple[Any, str]:
-    from dlrover_core.training.data import resolve_path
-
     fs, path = resolve_path(url)
     return fs, str(path)
 

@@ -15,10 +15,10 @@ from dlrover_core.training.data import (  # noqa: E402
     CriteoTSV,
     ParquetCriteo,
     SyntheticCriteo,
-    resolve_path,
     source_for_path,
     write_criteo_tsv,
 )
+from dlrover_core.training.paths import resolve_path  # noqa: E402
 
 SRC = SyntheticCriteo(num_dense=13, num_sparse=4, num_rows=1000)
 
