@@ -31,6 +31,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
