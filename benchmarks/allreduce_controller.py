@@ -1,9 +1,10 @@
-"""Resizes driven by the job master itself: small-allreduce through :class:`AllReduceMaster`
+"""Resizes driven by the job master itself: small-allreduce through the job master holding
+the all-reduce strategy,
 with a resize 1 -> 2 -> 1 ranks, against the same job at 1 rank without resizes, same run.
 
     python benchmarks/allreduce_controller.py [--rows 600000] [--json OUT]
 
-The resizes are the master's own (its ``_apply``: a pre-warmed group of the new size, the old
+The resizes are the master's own (``JobMaster.apply``: a pre-warmed group of the new size, the old
 group asked to stop once the new ranks are warm, the new one loads the final checkpoint
 resharded); downtime = the old group asked to stop -> the new group's first step, as the
 master measures it (``report.json: resize_downtimes_s``; the planner's resize cost).
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlrover_core.logs import quiet_third_party
 from dlrover_core.runtime.backends.local import LocalBackend
-from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
+from dlrover_core.runtime.controller import JobMaster
 from dlrover_core.spec import load_spec
 from dlrover_core.types import NodeResources, ResourcePlan, RolePlan, Stage
 
@@ -51,18 +52,18 @@ def run(rows: int, resize: bool) -> dict[str, Any]:
     )
     steps = [(0.1, 2), (0.4, 1)] if resize else []
 
-    def on_tick(m: AllReduceMaster) -> None:
+    def on_tick(m: JobMaster) -> None:
         assert m.state is not None
-        if not steps or m._changing():
+        if not steps or m.changing():
             return
         at, size = steps[0]
         if m.state.shards.samples_done >= at * rows:
             steps.pop(0)
-            m._apply(plan(size))
+            m.apply(plan(size))
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
-        m = AllReduceMaster(
+        m = JobMaster(  # the spec says allreduce: it holds that strategy
             spec, Path(tmp) / "run", LocalBackend(), plan=plan(1), on_tick=on_tick, replan=False
         )
         r = m.run()

@@ -31,7 +31,6 @@ Contracts (DESIGN.md, "The runtime is a controller"):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import signal
@@ -40,7 +39,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,14 +49,13 @@ from dlrover_core.faults import (
     ExitClass,
     FaultPolicy,
     HangPolicy,
-    PsOomAction,
+    RelaunchDecision,
     classify_exit,
-    ps_oom_action,
 )
 from dlrover_core.faults.health import HeartbeatPolicy
 from dlrover_core.planner import Planner
 from dlrover_core.runtime import wire
-from dlrover_core.runtime.backends.base import LOST_REASON, Backend, NodeExit, NodeHandle, NodeSpec
+from dlrover_core.runtime.backends.base import Backend, NodeExit, NodeHandle, NodeSpec
 from dlrover_core.runtime.files import (
     DiskReserve,
     FileLease,
@@ -66,29 +63,20 @@ from dlrover_core.runtime.files import (
     atomic_write_json,
     is_disk_full,
 )
+from dlrover_core.runtime.nodes import Node, NodeKey
 from dlrover_core.runtime.report import TIMELINE_FILE
 from dlrover_core.runtime.service import serve_master
-from dlrover_core.runtime.state import (
-    GEN_ABORTED,
-    GEN_ACTIVE,
-    GEN_RETIRED,
-    GEN_STARTING,
-    STATE_FILE,
-    MasterState,
-    NodeRecord,
-)
+from dlrover_core.runtime.state import STATE_FILE, MasterState, NodeRecord
 from dlrover_core.runtime.strategies.base import NodeCommand, Strategy
 from dlrover_core.spec import JobSpec, parse_spec, spec_to_dict
 from dlrover_core.types import (
     HistoryRecord,
-    NodeOverride,
     NodeResources,
     NodeState,
     Observation,
     ResourcePlan,
     Role,
     Sample,
-    Stage,
 )
 
 _T = TypeVar("_T")
@@ -100,40 +88,9 @@ SPEC_FILE = "spec.json"
 ADDR_FILE = "master.addr"
 FINISHED_STATES = frozenset({"succeeded"})
 
-NodeKey = tuple[Role, int]
-
 
 class RunFinishedError(InputError):
     """``train`` on a run directory whose job already finished."""
-
-
-@dataclass
-class _Node:
-    """The controller's view of one node: its desired size and its current incarnation."""
-
-    role: Role
-    node_id: int
-    resources: NodeResources
-    incarnation: int = 0
-    generation: int = 0
-    handle: NodeHandle | None = None
-    relaunches: dict[str, int] = field(default_factory=dict)
-    stopping_mono: float | None = None  # a worker asked to leave (scale-down)
-    kill_reason: str | None = None  # why the controller killed it (liveness)
-    resized_mono: float | None = None  # resized in place: follow the backend's word on it
-
-    @property
-    def name(self) -> str:
-        return f"{self.role.value}-{self.node_id}"
-
-
-@dataclass
-class _Switch:
-    """A PS-set change in progress (generation ``gen`` starting)."""
-
-    gen: int
-    deadline_mono: float
-    started_mono: float
 
 
 def _python() -> list[str]:
@@ -164,9 +121,9 @@ class JobMaster:
         node_command: Callable[[], list[str]] = _python,
     ) -> None:
         if strategy is None:
-            from dlrover_core.runtime.strategies.ps.strategy import PSStrategy
+            from dlrover_core.runtime.strategies import strategy_for
 
-            strategy = PSStrategy()
+            strategy = strategy_for(spec, run_dir)
         self.spec = spec
         self.run_dir = Path(run_dir)
         self.backend = backend
@@ -183,8 +140,8 @@ class JobMaster:
         self.node_command = node_command
         self._initial_plan = plan
         self._history = list(history)
-        self._prior: list[Sample] = []
-        self.nodes: dict[NodeKey, _Node] = {}
+        self.prior: list[Sample] = []  # samples of earlier runs (history) for the model
+        self.nodes: dict[NodeKey, Node] = {}
         self.plan: ResourcePlan | None = None
         self.past_plans: list[ResourcePlan] = []
         self.observations: list[Observation] = []
@@ -196,7 +153,6 @@ class JobMaster:
         self._server: Any = None
         self._metrics: Any = None  # the /metrics endpoint (pacing.metrics_port)
         self._reserve = DiskReserve(self.run_dir)
-        self._switch: _Switch | None = None
         self._config_since = 0.0
         self._last_sample_s = 0.0
         self._next_obs_mono = 0.0
@@ -208,11 +164,23 @@ class JobMaster:
         self.heartbeat = HeartbeatPolicy(
             interval_s=spec.pacing.heartbeat_interval_s, dead_after_s=spec.pacing.dead_after_s
         )
-        self.switch_downtimes_s: list[float] = []
         self._evaluated = False  # the held-out AUC is taken once every PS serves at the end
         self._auc: float | None = None
         self._eval_retry_mono: float | None = None
         self._eval_deadline_mono: float | None = None
+        strategy.bind(self)
+
+    @property
+    def st(self) -> MasterState:
+        """The job's durable state (set up by ``run``)."""
+        assert self.state is not None, "the job master has not started"
+        return self.state
+
+    @property
+    def current_plan(self) -> ResourcePlan:
+        """The plan in force (the first one is adopted before any node starts)."""
+        assert self.plan is not None, "the job master has no plan yet"
+        return self.plan
 
     # --- checks before anything is written ----------------------------------------------------
     def _check_runnable(self) -> None:
@@ -268,11 +236,11 @@ class JobMaster:
             synchronous="NORMAL",
         )
         self.state.persist()  # this master's start is on record before it acts
-        self.state.workers_may_leave = not self._hold_workers_at_the_end
-        prior = self._call_planner(
+        self.state.workers_may_leave = not self.strategy.hold_workers_at_the_end
+        prior = self.call_planner(
             "history_samples", self.planner.history_samples, self._history, self.clock()
         )
-        self._prior = prior or []
+        self.prior = prior or []
         bind, advertise = self.backend.endpoint()
         port = 0
         addr = self.run_dir / ADDR_FILE
@@ -294,14 +262,11 @@ class JobMaster:
 
         port_m = self.spec.pacing.metrics_port
         self._metrics = start_master_metrics(self.state, port_m, bind, advertise, self.spec.name)
+        self.strategy.prepare()
 
     # --- node commands -----------------------------------------------------------------------
-    def _ps_dir(self, gen: int, index: int) -> Path:
-        return self.run_dir / "ps" / f"gen-{gen}" / f"ps-{index}"
-
-    def _node_command(self, n: _Node, cores: int) -> NodeCommand:
-        """What the strategy needs to know to start ``n`` (a PS: its set's generation)."""
-        assert self.state is not None
+    def _node_command(self, n: Node, cores: int) -> NodeCommand:
+        """What the strategy needs to know to start ``n`` (its own fields added by it)."""
         cmd = NodeCommand(
             role=n.role,
             node_id=n.node_id,
@@ -310,17 +275,7 @@ class JobMaster:
             run_dir=str(self.run_dir),
             cores=cores,
         )
-        if n.role is Role.PS:
-            gen = self.state.generation(n.generation) or {}
-            cmd = dataclasses.replace(
-                cmd,
-                generation=n.generation,
-                num_ps=int(gen.get("count", 1)),
-                ckpt_dir=str(self._ps_dir(n.generation, n.node_id)),
-                restore_from=tuple(gen.get("restore_from", ())),
-                restore_seq=int(gen.get("restore_seq", 0)),
-            )
-        return cmd
+        return self.strategy.node_command(n, cmd)
 
     def _node_env(self, cores: int) -> dict[str, str]:
         from dlrover_core.training.pin import PIN_ENV, PIN_FILE
@@ -328,9 +283,9 @@ class JobMaster:
         env = {"PYTHONUNBUFFERED": "1"}
         if (self.run_dir / PIN_FILE).exists():  # the inputs pinned at the start: every read checks
             env[PIN_ENV] = str(self.run_dir / PIN_FILE)
-        return env
+        return env | self.strategy.node_env(cores)
 
-    def _node_spec(self, n: _Node) -> NodeSpec:
+    def _node_spec(self, n: Node) -> NodeSpec:
         cores = max(1, round(n.resources.cpu_cores))
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -345,7 +300,7 @@ class JobMaster:
             log_path=str(logs / f"{n.role.value}-{n.node_id}.log"),
         )
 
-    def _launch(self, n: _Node) -> None:
+    def launch(self, n: Node) -> None:
         """Write ahead, then start the node, then record its ref."""
         assert self.state is not None
         self.state.record_launch(
@@ -385,7 +340,7 @@ class JobMaster:
             n.handle.ref,
         )
 
-    def _launch_successor(
+    def launch_successor(
         self,
         role: Role,
         node_id: int,
@@ -398,7 +353,7 @@ class JobMaster:
         budgets of the node it replaces (the one in memory, else the persisted record), and
         the replaced one, if still running, is asked to stop."""
         old = self.nodes.get((role, node_id))
-        n = _Node(role, node_id, resources, generation=generation)
+        n = Node(role, node_id, resources, generation=generation)
         prev = old if old is not None else (self.state.node(role, node_id) if self.state else None)
         if prev is not None:
             n.incarnation = prev.incarnation + 1
@@ -406,191 +361,33 @@ class JobMaster:
         if old is not None and old.handle is not None:
             self.backend.stop(old.handle, grace_s=grace_s, wait=False)
         self.nodes[(role, node_id)] = n
-        self._launch(n)
+        self.launch(n)
 
-    def _start_worker(self, node_id: int, resources: NodeResources) -> None:
-        self._launch_successor(Role.WORKER, node_id, resources)
+    def start_worker(self, node_id: int, resources: NodeResources) -> None:
+        self.launch_successor(Role.WORKER, node_id, resources)
 
-    # --- PS-set generations ----------------------------------------------------------------------
-    def _start_generation(
-        self, plan: ResourcePlan, restore_from: list[str], seq: int, *, frozen: bool = False
-    ) -> None:
-        """Record a new generation (write ahead), stop the PS it replaces (already frozen and
-        checkpointed), launch its PS. It becomes active once all of them registered.
-        ``frozen``: every source was frozen and checkpointed at ``seq``."""
-        assert self.state is not None
-        gen = self.state.begin_generation(
-            plan.ps.count, restore_from, seq, GEN_STARTING, frozen=frozen
-        )
-        if restore_from:
-            self._event(
-                None,
-                "PSSetChange",
-                f"PS generation {gen['id']}: {plan.ps.count} PS x {plan.ps.resources}, "
-                f"re-sharded from {len(restore_from)} checkpoint(s) tagged done_seq {seq}",
-            )
-        self._launch_generation(gen["id"], plan)
-
-    def _launch_generation(self, gid: int, plan: ResourcePlan) -> None:
-        assert self.state is not None
-        gen = self.state.generation(gid)
-        assert gen is not None
-        count = int(gen["count"])
-        for i in range(count):
-            old = self.nodes.get((Role.PS, i))
-            if old is not None and old.generation == gid and old.handle is not None:
-                continue  # launched before a master restart and adopted
-            self._launch_successor(
-                Role.PS, i, plan.node_resources(Role.PS, i), generation=gid, grace_s=5.0
-            )
-        # a smaller set: the PS beyond its size leave
-        for (role, i), old in list(self.nodes.items()):
-            if role is Role.PS and i >= count:
-                if old.handle is not None:
-                    self.backend.stop(old.handle, grace_s=5.0, wait=False)
-                self.nodes.pop((role, i))
-                self.state.mark_node(Role.PS, i, NodeState.DELETED)
-        now = self.mono()
-        timeout = max(30.0, self.spec.pacing.pending_timeout_s)
-        self._switch = _Switch(gid, now + timeout, now)
-
-    def _progress_switch(self) -> None:
-        """Activate the starting generation once every PS of it registered; past the deadline,
-        the PS that did not are killed (the fault policy relaunches them)."""
-        assert self.state is not None
-        sw = self._switch
-        if sw is None:
-            return
-        gen = self.state.generation(sw.gen)
-        if gen is None or gen["state"] != GEN_STARTING:
-            self._switch = None
-            return
-        addresses, missing = self._serving(sw.gen, int(gen["count"]))
-        if not missing:
-            _, version = self.state.ps_set()
-            for g in self.state.generations_in(GEN_ACTIVE):
-                self.state.update_generation(int(g["id"]), state=GEN_RETIRED)
-            self.state.update_generation(sw.gen, state=GEN_ACTIVE)
-            self.state.set_ps_set(addresses, version + 1)
-            took = self.mono() - sw.started_mono
-            self.switch_downtimes_s.append(took)
-            log.info("PS generation %d active after %.1f s: %s", sw.gen, took, addresses)
-            self._event(None, "PSSetActive", f"PS generation {sw.gen} active after {took:.1f} s")
-            self._switch = None
-            return
-        if self.mono() > sw.deadline_mono:
-            for n in missing:
-                if n.handle is not None and n.kill_reason is None and n in self.nodes.values():
-                    n.kill_reason = f"did not register within the PS start deadline (gen {sw.gen})"
-                    log.warning("%s %s: killing it", n.name, n.kill_reason)
-                    self.backend.kill(n.handle)
-            sw.deadline_mono = self.mono() + max(30.0, self.spec.pacing.pending_timeout_s)
-
-    def _serving(self, gid: int, count: int) -> tuple[list[str], list[_Node]]:
-        """The addresses of generation ``gid``'s PS that registered (current incarnation),
-        and the PS that did not yet (or are missing)."""
-        assert self.state is not None
-        addresses: list[str] = []
-        missing: list[_Node] = []
-        for i in range(count):
-            n = self.nodes.get((Role.PS, i))
-            rec = self.state.node(Role.PS, i)
-            if (
-                n is None
-                or rec is None
-                or rec.state is not NodeState.RUNNING
-                or rec.incarnation != n.incarnation
-                or rec.generation != gid
-                or not rec.address
-            ):
-                missing.append(n or _Node(Role.PS, i, NodeResources(0, 0)))
-                continue
-            addresses.append(rec.address)
-        return addresses, missing
-
-    def _publish_ps_set(self) -> None:
-        """Outside a set change: once every PS of the active generation is registered (a
-        relaunched one at its new address), workers get the addresses as a new version."""
-        assert self.state is not None
-        if self._switch is not None:
-            return
-        active = self.state.generations_in(GEN_ACTIVE)
-        if not active:
-            return
-        addresses, missing = self._serving(int(active[-1]["id"]), int(active[-1]["count"]))
-        if missing:
-            return
-        published, version = self.state.ps_set()
-        if addresses != published:
-            self.state.set_ps_set(addresses, version + 1)
-            log.info("PS set version %d: %s", version + 1, addresses)
-
-    def _replace_ps_set(self, new: ResourcePlan) -> bool:
-        """Scale or migrate the PS set: freeze the active set's serving PS (no push is applied
-        from now on; workers hold theirs), checkpoint them tagged with the shard done_seq,
-        then start the new generation re-sharded from the checkpoints. A PS of the set that
-        is gone (exited, not yet relaunched) is not asked: its latest checkpoint is the
-        source, and the new PS, restoring its older tag, get the shards done after it again.
-        False when nothing was started (no active set, or a serving PS did not answer)."""
-        assert self.state is not None
-        from dlrover_core.runtime.strategies.ps.control import checkpoint_set, freeze_set
-
-        active = self.state.generations_in(GEN_ACTIVE)
-        if not active:
-            return False
-        old = active[-1]
-        gid, count = int(old["id"]), int(old["count"])
-        serving, gone = self._serving(gid, count)
-        if not serving and not gone:
-            return False
-        sources = [str(self._ps_dir(gid, i)) for i in range(count)]
-        try:
-            if serving:
-                freeze_set(serving, self.token, True)
-            seq = self.state.shards.done_seq  # after the freeze: nothing more reaches the PS
-            tags = checkpoint_set(serving, self.token, seq) if serving else []
-        except DLRoverError as e:
-            log.warning("PS-set change postponed: %s", e)
-            with contextlib.suppress(DLRoverError):
-                freeze_set(serving, self.token, False)
-            return False
-        if gone:
-            log.info(
-                "PS-set change: %s not serving; re-sharded from the latest checkpoint",
-                ", ".join(m.name for m in gone),
-            )
-        tag = min(tags, default=seq)
-        self._start_generation(new, sources, tag, frozen=not gone and tag == seq)
-        return True
-
-    def _unfreeze_active(self) -> None:
-        """After a restart: a freeze not followed by a new generation is undone (idempotent)."""
-        assert self.state is not None
-        from dlrover_core.runtime.strategies.ps.control import freeze_set
-
-        addresses, _ = self.state.ps_set()
-        if addresses and self._switch is None:
-            try:
-                freeze_set(addresses, self.token, False)
-            except DLRoverError as e:
-                log.info("unfreeze after restart: %s (the PS will be relaunched)", e)
+    def relaunch(self, n: Node) -> None:
+        """The next incarnation of ``n`` (at ``n.resources``)."""
+        n.incarnation += 1
+        self.nodes[(n.role, n.node_id)] = n
+        self.launch(n)
 
     # --- plans -------------------------------------------------------------------------------
-    def _adopt_plan(self, plan: ResourcePlan) -> None:
+    def adopt_plan(self, plan: ResourcePlan) -> None:
         assert self.state is not None
         self.plan = plan
         self.past_plans.append(plan)
         self.state.record_plan(plan)
         self._config_since = self.clock()
         log.info("plan (%s): %s", plan.stage.value, "; ".join(plan.reasons))
-        self._event(
+        self.event(
             None,
             "Planned",
             f"{plan.stage.value}: {plan.workers.count} worker(s) x {plan.workers.resources}, "
             f"{plan.ps.count} PS x {plan.ps.resources}: {'; '.join(plan.reasons)}",
         )
 
-    def _event(
+    def event(
         self, handle: NodeHandle | None, reason: str, message: str, *, warning: bool = False
     ) -> None:
         """A Kubernetes Event (the backend's channel) on a node's pod or the master's; a
@@ -600,16 +397,13 @@ class JobMaster:
         except Exception as e:  # best effort, by contract
             log.debug("event %s not recorded: %s", reason, e)
 
-    def _apply(self, new: ResourcePlan) -> None:
-        """Execute the difference between the current plan and ``new``."""
-        assert self.plan is not None and self.state is not None
-        old = self.plan
-        ps_changed = old.ps != new.ps or {o for o in old.overrides if o.role is Role.PS} != {
-            o for o in new.overrides if o.role is Role.PS
-        }
-        self._adopt_plan(new)
-        if ps_changed and not self._resize_ps_in_place(old, new):
-            self._replace_ps_set(new)
+    def apply(self, new: ResourcePlan) -> None:
+        """Execute the difference between the current plan and ``new`` (the strategy's job)."""
+        self.strategy.apply(new)
+
+    def apply_workers(self, old: ResourcePlan, new: ResourcePlan) -> None:
+        """The workers' part of a plan change, one node per worker: start the missing, resize
+        in place (CPU only) or relaunch the changed, ask the surplus to finish their shard."""
         for i in range(new.workers.count):
             want = new.node_resources(Role.WORKER, i)
             n = self.nodes.get((Role.WORKER, i))
@@ -621,103 +415,52 @@ class JobMaster:
                 for o in new.overrides
             )
             if n is None or n.handle is None:
-                self._start_worker(i, want)
+                self.start_worker(i, want)
             elif n.resources != want or relaunch:
                 if (
                     not relaunch
                     and want.memory_mib == n.resources.memory_mib
                     and self.backend.resize(n.handle, want)
                 ):
-                    self._resized(n, want)
+                    self.resized(n, want)
                     continue
-                self._start_worker(i, want)
+                self.start_worker(i, want)
         for i in range(new.workers.count, old.workers.count):
             n = self.nodes.get((Role.WORKER, i))
             if n is not None and n.handle is not None and n.stopping_mono is None:
-                self.state.request_stop(i)
+                self.st.request_stop(i)
                 n.stopping_mono = self.mono()
-                self._event(n.handle, "ScalingDown", f"{n.name}: asked to finish its shard")
+                self.event(n.handle, "ScalingDown", f"{n.name}: asked to finish its shard")
 
-    def _resize_ps_in_place(self, old: ResourcePlan, new: ResourcePlan) -> bool:
-        """A PS change of CPU only (same count, same memory per PS, no relaunch asked for) is
-        applied to the running PS in place when the backend can (``pods/resize``, a local
-        re-pin): no freeze, no re-shard, no replay. ``False`` leaves it to a PS-set change."""
-        assert self.state is not None
-        if self._switch is not None or old.ps.count != new.ps.count:
-            return False
-        changes = []
-        for i in range(new.ps.count):
-            want = new.node_resources(Role.PS, i)
-            n = self.nodes.get((Role.PS, i))
-            if n is None or n.handle is None or n.stopping_mono is not None:
-                return False
-            if any(o.role is Role.PS and o.node_id == i and o.action == "relaunch"
-                   for o in new.overrides):  # fmt: skip
-                return False
-            if want == n.resources:
-                continue
-            if want.memory_mib != n.resources.memory_mib:
-                return False
-            changes.append((n, want))
-        if not changes:
-            return False  # nothing to resize: the change is elsewhere (e.g. an override moved)
-        for n, want in changes:
-            assert n.handle is not None
-            if not self.backend.resize(n.handle, want):
-                log.info("%s cannot be resized in place: a PS-set change instead", n.name)
-                return False  # the set change replaces every PS, resized ones included
-        for n, want in changes:
-            self._resized(n, want)
-        return True
-
-    def _resized(self, n: _Node, want: NodeResources) -> None:
+    def resized(self, n: Node, want: NodeResources) -> None:
         """The backend resized ``n`` in place: record it (same incarnation) and follow it."""
         assert self.state is not None
         log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
-        self._event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
+        self.event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
         n.resources = want
         n.resized_mono = self.mono()
         self.state.record_resize(n.role, n.node_id, want)
 
     # --- faults ------------------------------------------------------------------------------
     def _on_exit(self, e: NodeExit) -> None:
-        assert self.state is not None and self.plan is not None
         n = self.nodes.get((e.role, e.node_id))
         if n is None or n.incarnation != e.incarnation or (n.handle and n.handle.ref != e.ref):
-            return  # an old incarnation, a retired PS: already replaced
+            return  # an old incarnation, a retired PS, a rank of an aborted group: handled
         n.handle = None
-        cls = classify_exit(e.exit_code, e.reason, e.signal)
-        if (
-            n.role is Role.WORKER
-            and cls is ExitClass.SUCCEEDED
-            and n.stopping_mono is None
-            and self.stop_reason is None
-            and self.state.shards.counts()["todo"] > 0
-        ):
-            # a worker exits 0 when told there is nothing left or asked to leave; neither
-            # happened and shards wait: it was stopped from outside (its pod deleted or
-            # evicted, a SIGTERM it handled in its grace period), so it is relaunched as a
-            # killed node, not counted finished (the job lost that worker for good)
-            cls = ExitClass.KILLED
-        if n.role is Role.WORKER and (cls is ExitClass.SUCCEEDED or n.stopping_mono is not None):
-            self.state.mark_node(n.role, n.node_id, NodeState.SUCCEEDED)
-            if n.node_id >= self.plan.workers.count:
-                self.nodes.pop((n.role, n.node_id), None)
-            return
-        if cls is ExitClass.SUCCEEDED and n.role is Role.PS and self._switch is None:
-            cls = ExitClass.UNKNOWN  # a PS leaves only when told to: this one left early
-        elif cls is ExitClass.SUCCEEDED:
-            return
-        self.state.mark_node(n.role, n.node_id, NodeState.FAILED)
+        self.strategy.on_exit(n, e, classify_exit(e.exit_code, e.reason, e.signal))
+
+    def decide_relaunch(self, n: Node, e: NodeExit, cls: ExitClass) -> RelaunchDecision | None:
+        """``n`` failed: the fault policy's decision on it, recorded (report, log, event) and
+        charged to its relaunch budget. Returns the decision when ``n`` is to be relaunched;
+        None when it is dropped, or the job fails (``failure`` set)."""
+        plan = self.current_plan
+        self.st.mark_node(n.role, n.node_id, NodeState.FAILED)
         key = cls.value
         tries = n.relaunches.get(key, 0)
-        planned = self.plan.node_resources(n.role, n.node_id)
+        planned = plan.node_resources(n.role, n.node_id)
         d = self.faults.decide(n.role, cls, n.resources, planned, tries)
-        new_ps_plan: ResourcePlan | None = None
-        if n.role is Role.PS and cls is ExitClass.OOM and d.relaunch:
-            new_ps_plan = self._ps_oom(n)
         why = n.kill_reason or d.reason
-        self.state.record_fault(
+        self.st.record_fault(
             {
                 "node": n.name,
                 "incarnation": n.incarnation,
@@ -732,86 +475,15 @@ class JobMaster:
         )
         log.warning("%s exited (%s): %s", n.name, cls.value, why)
         action = "relaunch" if d.relaunch else ("fail the job" if d.fail_job else "drop it")
-        self._event(None, "NodeExited", f"{n.name} exited ({cls.value}): {action}: {why}",
-                    warning=True)  # fmt: skip
+        self.event(None, "NodeExited", f"{n.name} exited ({cls.value}): {action}: {why}",
+                   warning=True)  # fmt: skip
         if d.fail_job:
             self.failure = f"{n.name}: {d.reason}"
-            return
-        if not d.relaunch:
-            return
-        n.relaunches[key] = tries + 1
-        if new_ps_plan is not None and self._ps_count_changed(new_ps_plan):
-            # the PS-OOM rule chose more PS: a new generation re-sharded from the checkpoints
-            # (the survivors frozen and checkpointed, the dead PS's latest one included)
-            prev = self.plan
-            self._adopt_plan(new_ps_plan)
-            if self._replace_ps_set(new_ps_plan):
-                return
-            # the set cannot change now (a serving PS did not answer): this PS alone is
-            # relaunched (with its memory bump), never left down
-            log.warning("%s: the PS set could not grow now; relaunching it alone", n.name)
-            self._adopt_plan(prev)
-            new_ps_plan = None
-        resources = d.resources
-        if new_ps_plan is not None:
-            resources = new_ps_plan.node_resources(Role.PS, n.node_id)
-        elif resources != planned:
-            # the relaunch size becomes part of the plan (e.g. the OOM memory bump)
-            ov = NodeOverride(n.role, n.node_id, resources, f"{cls.value}: {d.reason}")
-            keep = tuple(
-                o for o in self.plan.overrides if (o.role, o.node_id) != (n.role, n.node_id)
-            )
-            self._adopt_plan(
-                self.plan.replace(
-                    overrides=(*keep, ov),
-                    stage=Stage.FAULT,
-                    reasons=(ov.reason,),
-                    created_at_s=self.clock(),
-                )
-            )
-        n.resources = resources
-        n.incarnation += 1
-        self.nodes[(n.role, n.node_id)] = n
-        self._launch(n)
-
-    def _ps_count_changed(self, plan: ResourcePlan) -> bool:
-        gens = self.state.generations_in(GEN_ACTIVE, GEN_STARTING) if self.state else []
-        return bool(gens) and int(gens[-1]["count"]) != plan.ps.count
-
-    def _ps_oom(self, n: _Node) -> ResourcePlan | None:
-        """The PS-OOM rule (faults/): more memory per PS when the load is unbalanced, else
-        more PS, within the spec's constraints and quota."""
-        assert self.plan is not None and self.state is not None
-        used = []
-        for (role, _i), m in self.nodes.items():
-            if role is Role.PS:
-                rec = self.state.node(Role.PS, m.node_id)
-                used.append(float(rec.stats.get("rss_mib", 0.0)) if rec else 0.0)
-        mine = self.state.node(Role.PS, n.node_id)
-        if mine is not None:
-            used[n.node_id if n.node_id < len(used) else -1] = max(
-                float(mine.stats.get("rss_mib", 0.0)), float(n.resources.memory_mib)
-            )
-        decision = ps_oom_action(used or [float(n.resources.memory_mib)], self.faults)
-        ps = decision.apply(self.plan.ps, memory_cap_mib=self.faults.oom_cap_mib)
-        cap = self.spec.constraints.ps.max or ps.count
-        if decision.action is PsOomAction.MORE_PS and min(ps.count, cap) == self.plan.ps.count:
-            # at the PS cap: more memory per PS instead
-            mem = min(self.faults.oom_cap_mib, self.plan.ps.resources.memory_mib * 2)
-            ps = dataclasses.replace(
-                self.plan.ps, resources=dataclasses.replace(ps.resources, memory_mib=mem)
-            )
-        elif decision.action is PsOomAction.MORE_PS:
-            ps = dataclasses.replace(ps, count=min(ps.count, cap))
-        candidate = self.plan.replace(
-            ps=ps,
-            stage=Stage.FAULT,
-            reasons=(f"{n.name} OOM: {decision.reason}",),
-            created_at_s=self.clock(),
-        )
-        if not candidate.total.fits_in(self.spec.quota.resources):
             return None
-        return candidate
+        if not d.relaunch:
+            return None
+        n.relaunches[key] = tries + 1
+        return d
 
     def _check_liveness(self) -> None:
         """Silent nodes (every role), nodes that never registered, hung workers: killed, so
@@ -860,7 +532,7 @@ class JobMaster:
                      "action": "relaunch", "why": why}
                 )  # fmt: skip
                 if n.role is Role.WORKER:
-                    self._start_worker(n.node_id, n.resources)
+                    self.start_worker(n.node_id, n.resources)
                 else:  # its exit relaunches it at the planned (new) size, from its checkpoint
                     n.resized_mono = None
                     self._kill(n.role, n.node_id, why)
@@ -871,69 +543,8 @@ class JobMaster:
             return
         n.kill_reason = why
         log.warning("%s: %s: killing it", n.name, why)
-        self._event(n.handle, "Killing", f"{n.name}: {why}", warning=True)
+        self.event(n.handle, "Killing", f"{n.name}: {why}", warning=True)
         self.backend.kill(n.handle)
-
-    def _check_restores(self) -> None:
-        """A PS that restored a state tagged S lost the updates of shards done after S: they
-        are trained again (once per PS incarnation, persisted)."""
-        assert self.state is not None
-        for (role, node_id), n in self.nodes.items():
-            if role is not Role.PS:
-                continue
-            rec = self.state.node(Role.PS, node_id)
-            if (
-                rec is None
-                or rec.incarnation != n.incarnation
-                or rec.restored_seq is None
-                or rec.restore_handled
-            ):
-                continue
-            seq = int(rec.restored_seq)
-            gen = self.state.generation(n.generation)
-            # the frozen checkpoints of a planned change, restored before the new set serves:
-            # a shard done after the tag had its last gradients applied before the freeze (in
-            # the checkpoint) or held by its worker for the new set, so nothing is lost and
-            # nothing is replayed (replaying would train it twice)
-            frozen = (
-                gen is not None
-                and bool(gen.get("frozen"))
-                and gen["state"] == GEN_STARTING
-                and seq == int(gen["restore_seq"])
-            )
-            ids = (
-                []
-                if frozen
-                else self.state.shards.requeue_done_after(
-                    seq, f"{n.name} incarnation {n.incarnation} restored a state tagged {seq}"
-                )
-            )
-            rec.restore_handled = True
-            self.state.persist()
-            if frozen:
-                log.info(
-                    "%s restored the frozen checkpoints tagged done_seq %d of a planned PS-set "
-                    "change: nothing to replay",
-                    n.name,
-                    seq,
-                )
-            elif ids:
-                log.warning(
-                    "%s restored state tagged done_seq %d: %d shard(s) done after it are "
-                    "trained again",
-                    n.name,
-                    seq,
-                    len(ids),
-                )
-                self.state.record_fault(
-                    {
-                        "node": n.name,
-                        "incarnation": n.incarnation,
-                        "exit_class": "restore",
-                        "action": "replay shards",
-                        "why": f"restored a checkpoint tagged {seq}: {len(ids)} shard(s) again",
-                    }
-                )
 
     # --- observing and re-planning -------------------------------------------------------------
     def _allocated(self) -> dict[NodeKey, NodeResources]:
@@ -960,7 +571,7 @@ class JobMaster:
         del self.observations[:-200]
         running = obs.of(Role.WORKER)
         stable_s = self.spec.pacing.sample_window_s
-        if len(running) < self.plan.workers.count or self._changing():
+        if len(running) < self.plan.workers.count or self.changing():
             self._config_since = now  # a speed sample starts when every node is up
         if (
             len(running) == self.plan.workers.count
@@ -1003,30 +614,19 @@ class JobMaster:
         with open(self.run_dir / TIMELINE_FILE, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
-    def _replan(self) -> None:
-        assert self.plan is not None
-        if self._changing():
+    def replan(self) -> None:
+        """The strategy's decision (stage 2 and 3), applied when it differs and fits."""
+        if self.changing():
             return  # one change at a time
-        now = self.clock()
-        d = self._call_planner(
-            "replan",
-            self.planner.replan,
-            self.plan,
-            self.observations,
-            self.samples,
-            now,
-            self.past_plans,
-            self._prior,
-        )
+        new = self.strategy.replan()
         if (
-            d is not None
-            and d.plan is not None
-            and not d.plan.same_allocation(self.plan)
-            and d.plan.total.fits_in(self.spec.quota.resources)
+            new is not None
+            and not new.same_allocation(self.current_plan)
+            and new.total.fits_in(self.spec.quota.resources)
         ):
-            self._apply(d.plan)
+            self.apply(new)
 
-    def _call_planner(
+    def call_planner(
         self, what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any
     ) -> _T | None:
         """A planner error never fails a job: the exception is recorded as a
@@ -1044,7 +644,7 @@ class JobMaster:
                     self.state.record_planner_error(
                         {"kind": "planner_error", "step": what, "error": why, "action": instead}
                     )
-            self._event(None, "PlannerError", f"{what}: {why}; {instead}", warning=True)
+            self.event(None, "PlannerError", f"{what}: {why}; {instead}", warning=True)
             return None
 
     # --- the loop ----------------------------------------------------------------------------
@@ -1118,18 +718,18 @@ class JobMaster:
                 return True
         self._check_liveness()
         self._check_resizes()
-        self._reconcile_strategy()
+        self.strategy.tick()
         if self.failure is not None or self.stop_reason is not None:
             return True
         counts = self.state.shards.counts()
-        if counts["todo"] == 0 and counts["doing"] == 0 and not self._changing():
+        if counts["todo"] == 0 and counts["doing"] == 0 and not self.changing():
             if counts["failed"]:
                 self.failure = (
                     f"{counts['failed']} shard(s) failed on every attempt; see the worker logs "
                     f"in {self.run_dir / 'logs'}, fix the data or code, and resume the run dir"
                 )
                 return True
-            if self._finished():
+            if self.strategy.finished():
                 return True
         live_workers = [
             n for n in self.nodes.values() if n.role is Role.WORKER and n.handle is not None
@@ -1141,43 +741,14 @@ class JobMaster:
         if now >= self._next_obs_mono:
             self._observe()
             if self.replan_enabled:
-                self._replan()
+                self.replan()
             self._next_obs_mono = now + max(self.spec.pacing.heartbeat_interval_s, self.tick_s)
         if self.on_tick is not None:
             self.on_tick(self)
         return False
 
-    # --- strategy hooks (the PS strategy's here; the all-reduce master overrides them) -------
-    def _reconcile_strategy(self) -> None:
-        """The strategy's part of a tick: PS restores, a PS-set change, the published set."""
-        self._check_restores()
-        self._progress_switch()
-        self._publish_ps_set()
-
-    def _flush_for_stop(self) -> str:
-        """A clean stop (SIGTERM, cancel) keeps what a resume needs, so that the resume
-        replays nothing: no new shard is handed out, the shards in flight finish (up to
-        ``STOP_DRAIN_S``), then the active PS set is frozen and checkpointed tagged with the
-        shard queue's done_seq. A PS not serving is not asked: the resume replays what its
-        latest checkpoint lacks, as after any PS loss."""
-        assert self.state is not None
-        from dlrover_core.runtime.strategies.ps.control import checkpoint_set, freeze_set
-
-        drained = self._drain_shards()
-        active = self.state.generations_in(GEN_ACTIVE)
-        if not active or self._switch is not None:
-            return f"{drained}; no settled PS set to checkpoint"
-        gid, count = int(active[-1]["id"]), int(active[-1]["count"])
-        serving, gone = self._serving(gid, count)
-        if not serving:
-            return f"{drained}; no PS serving"
-        freeze_set(serving, self.token, True)
-        seq = self.state.shards.done_seq
-        checkpoint_set(serving, self.token, seq)
-        lost = f" ({', '.join(m.name for m in gone)} not serving)" if gone else ""
-        return f"{drained}; {len(serving)} PS checkpointed at done_seq {seq}{lost}"
-
-    def _drain_shards(self) -> str:
+    # --- helpers the strategies share ------------------------------------------------------------
+    def drain_shards(self) -> str:
         """Hand out no new shard and wait (up to ``STOP_DRAIN_S``) for those in flight."""
         assert self.state is not None
         self.state.dispatch_paused = True
@@ -1189,25 +760,15 @@ class JobMaster:
         left = self.state.shards.counts()["doing"]
         return "shards in flight finished" if not left else f"{left} shard(s) still in flight"
 
-    def _changing(self) -> bool:
+    def changing(self) -> bool:
         """A change of the node set is in progress (the job cannot end meanwhile)."""
-        return self._switch is not None
+        return self.strategy.changing()
 
-    # workers wait at the end until the job may end (the all-reduce master lets them go)
-    _hold_workers_at_the_end = True
-
-    def _finished(self) -> bool:
-        """Every shard is done: may the job end now? PS: once every PS of the active set
-        serves (a PS lost at the end restores its checkpoint and gives the shards done after
-        it back first) and the model was evaluated on that set; only then are the workers
-        told "done". A PS unreachable at the evaluation: not yet (its exit or its missed
-        heartbeats come next); past a deadline the job ends without an AUC."""
+    def evaluate_before_the_end(self) -> bool:
+        """The held-out AUC, taken once while the nodes still serve (the PS strategy's end):
+        True once taken; a node it needs unreachable: False (retried; its exit or its missed
+        heartbeats come first); past a deadline True without an AUC. Workers may leave then."""
         assert self.state is not None
-        active = self.state.generations_in(GEN_ACTIVE)
-        if active:
-            _, missing = self._serving(int(active[-1]["id"]), int(active[-1]["count"]))
-            if missing:
-                return False
         if self._evaluated:
             self.state.workers_may_leave = True
             return True
@@ -1232,92 +793,33 @@ class JobMaster:
         return True
 
     def _start_or_resume(self) -> None:
-        assert self.state is not None
-        if self.state.restored and self.state.plans:
-            self._resume()
+        st = self.st
+        if st.restored and st.plans:
+            last = ResourcePlan.from_dict(st.plans[-1])
+            self.plan = last
+            self.past_plans = [ResourcePlan.from_dict(p) for p in st.plans]
+            self._config_since = self.clock()
+            self.strategy.resume(last)
             return
-        plan = self._first_plan()
-        self._adopt_plan(plan)
-        self._start_generation(plan, [], 0)
-        for i in range(plan.workers.count):
-            self._start_worker(i, plan.node_resources(Role.WORKER, i))
+        self.strategy.start(self._first_plan())
 
     def _first_plan(self) -> ResourcePlan:
         """The plan given, or stage 1 from the history; a planner error there starts the job
         from stage 1 without the history (a cold start), recorded as a planner error."""
         if self._initial_plan is not None:
             return self._initial_plan
-        plan = self._call_planner(
+        plan = self.call_planner(
             "initial_plan", self.planner.initial_plan, self._history, self.clock()
         )
         if plan is None:
-            self._prior = []
+            self.prior = []
             plan = self.planner.initial_plan((), self.clock())
         return plan
 
-    def _resume(self) -> None:
-        """A new master on the run dir of an earlier one: adopt its nodes (by ref), relaunch
-        the lost ones (their budgets kept), finish a PS generation that was starting, and undo
-        a freeze that was not followed by a new generation."""
-        assert self.state is not None
-        last = ResourcePlan.from_dict(self.state.plans[-1])
-        self.plan = last
-        self.past_plans = [ResourcePlan.from_dict(p) for p in self.state.plans]
-        self._config_since = self.clock()
-        lost: list[_Node] = []
-        for rec in list(self.state.nodes.values()):
-            if rec.state not in (NodeState.RUNNING, NodeState.PENDING):
-                continue
-            res = (
-                NodeResources(**rec.resources)
-                if rec.resources
-                else last.node_resources(rec.role, rec.node_id)
-            )
-            n = self._adopt_record(rec, res)
-            log.info("resume: %s %s", n.name, "adopted" if n.handle else "lost")
-            if n.handle is None:
-                lost.append(n)
-        starting = self.state.generations_in(GEN_STARTING)
-        for g in starting[:-1]:
-            self.state.update_generation(int(g["id"]), state=GEN_ABORTED)
-        if starting:
-            self._launch_generation(int(starting[-1]["id"]), last)
-        else:
-            self._unfreeze_active()
-        for n in lost:
-            cur = self.nodes.get((n.role, n.node_id))
-            if cur is not n:
-                continue  # replaced by the generation just launched
-            # gone while no master watched it (nodes leave a master unreachable for
-            # dead_after_s): not the node's fault, so no relaunch budget is charged
-            self.state.record_fault(
-                {
-                    "node": n.name,
-                    "incarnation": n.incarnation,
-                    "reason": LOST_REASON,
-                    "exit_class": "lost",
-                    "action": "relaunch",
-                    "why": "ended while no master watched it",
-                }
-            )
-            n.incarnation += 1
-            self._launch(n)
-        active = self.state.generations_in(GEN_ACTIVE)
-        if active and not starting:  # e.g. after a clean stop: the PS set is relaunched
-            gid, count = int(active[-1]["id"]), int(active[-1]["count"])
-            for i in range(count):
-                if (Role.PS, i) not in self.nodes:
-                    self._launch_successor(
-                        Role.PS, i, last.node_resources(Role.PS, i), generation=gid
-                    )
-        for i in range(last.workers.count):
-            if (Role.WORKER, i) not in self.nodes:
-                self._start_worker(i, last.node_resources(Role.WORKER, i))
-
-    def _adopt_record(self, rec: NodeRecord, res: NodeResources) -> _Node:
+    def adopt_record(self, rec: NodeRecord, res: NodeResources) -> Node:
         """The node of a durable record, at ``res``, adopted by its backend ref when it has
         one (its handle None: lost)."""
-        n = _Node(
+        n = Node(
             rec.role,
             rec.node_id,
             res,
@@ -1354,7 +856,7 @@ class JobMaster:
         done = ""
         with contextlib.suppress(Exception):
             done = f"{st.shards.samples_done:,}/{st.shards.samples_total:,} samples" if st else ""
-        self._event(
+        self.event(
             None,
             f"Job{state.capitalize()}",
             f"{state}: {self.failure or self.stop_reason or done}"
@@ -1369,7 +871,7 @@ class JobMaster:
         if self.failure is None and self.stop_reason is not None and st is not None:
             t0 = self.mono()
             try:
-                flushed = self._flush_for_stop()
+                flushed = self.strategy.flush_for_stop()
             except Exception as e:  # a stop still stops: the resume replays what was lost
                 flushed = f"not flushed ({type(e).__name__}: {e}); the resume replays"
             self.stop_flush = {"s": round(self.mono() - t0, 3), "result": flushed}
@@ -1380,6 +882,8 @@ class JobMaster:
             log.error("stopping the nodes failed: %s", e)
         with contextlib.suppress(Exception):
             self.backend.poll()
+        with contextlib.suppress(Exception):
+            self.strategy.close()
         reason = self.failure or self.stop_reason
         report: dict[str, Any] = {"state": state, "failure": self.failure}
         if st is not None:
@@ -1400,7 +904,8 @@ class JobMaster:
                         launches=self.launches,
                         stopped=self.stop_reason,
                         stop_flush=self.stop_flush,
-                        model_choice=self._call_planner("model_choice", self.planner.model_choice),
+                        model_choice=self.call_planner("model_choice", self.planner.model_choice),
+                        strategy=self.strategy.report(),
                     )
                     break
                 except OSError as e:
@@ -1416,6 +921,4 @@ class JobMaster:
         if self._metrics is not None:
             self._metrics.stop()
         self._reserve.release()
-        if self.switch_downtimes_s:
-            report["ps_switch_s"] = list(self.switch_downtimes_s)
         return report

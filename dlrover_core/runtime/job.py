@@ -90,13 +90,8 @@ def _train(
     from dlrover_core.training.carry import prepare_parent
 
     lineage = prepare_parent(spec, rd)  # training.init_from: checked before anything starts
-    master_cls = JobMaster
-    if spec.strategy == "allreduce":
-        from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
-
-        master_cls = AllReduceMaster
     on_tick = _with_input_check(shown, pins, data)
-    master = master_cls(
+    master = JobMaster(  # it holds the strategy spec.strategy names (strategies.strategy_for)
         spec,
         rd,
         backend,

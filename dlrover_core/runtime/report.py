@@ -121,10 +121,12 @@ def write_report(
     stopped: str | None = None,
     model_choice: dict[str, Any] | None = None,
     stop_flush: dict[str, Any] | None = None,
+    strategy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``stop_flush``: what a clean stop kept for the resume, and how long it took.
     ``model_choice``: the planner's model-form choice (``Planner.model_choice``), which
-    the history keeps for the job's next run."""
+    the history keeps for the job's next run. ``strategy``: the strategy's contribution
+    (``Strategy.report``: e.g. its PS-set change or resize downtimes)."""
     q = state.shards
     counts = q.counts()
     timeline = read_timeline(run_dir)
@@ -177,6 +179,7 @@ def write_report(
             for r in state.nodes.values()
             if r.registered_at_s is not None
         },
+        **(strategy or {}),
     }
     report = json_safe(report)
     atomic_write_json(run_dir / "report.json", report)

@@ -72,21 +72,22 @@ def main() -> int:
         if scenario == "raise":
             raise RuntimeError("scripted failure inside the control loop")
         if scenario.startswith("migrate"):
+            psset = m.strategy.psset  # type: ignore[attr-defined]
             if point == "after_freeze":
-                m._start_generation = lambda *a, **k: die()  # type: ignore[method-assign]
+                psset.start_generation = lambda *a, **k: die()
             elif point == "after_generation":
-                m._launch_generation = lambda *a, **k: die()  # type: ignore[method-assign]
+                psset.launch_generation = lambda *a, **k: die()
             elif point == "after_launch":
-                real = m._launch_generation
+                real = psset.launch_generation
 
                 def launch_then_die(*a, **k):  # type: ignore[no-untyped-def]
                     real(*a, **k)
                     die()
 
-                m._launch_generation = launch_then_die  # type: ignore[method-assign]
+                psset.launch_generation = launch_then_die
             elif point not in ("", "never"):
                 threading.Timer(float(point), die).start()
-            m._apply(m.plan.replace(ps=RolePlan(2, m.plan.ps.resources), reasons=("test: 2 PS",)))
+            m.apply(m.plan.replace(ps=RolePlan(2, m.plan.ps.resources), reasons=("test: 2 PS",)))
 
     m = JobMaster(spec, run_dir, backend, plan=plan, on_tick=on_tick, replan=False, tick_s=0.1)
     if scenario == "kill_ps_at_end":

@@ -12,7 +12,7 @@ import pytest
 
 from dlrover_core import api
 from dlrover_core.planner import Planner
-from dlrover_core.runtime.strategies.allreduce import master as ar_master
+from dlrover_core.runtime.strategies.allreduce import strategy as ar_strategy
 
 pytestmark = pytest.mark.slow
 SPECS = Path(__file__).resolve().parents[2] / "pipelines" / "specs"
@@ -73,7 +73,7 @@ def test_planner_errors_at_random_ticks_of_an_allreduce_job(
 ) -> None:
     rng, calls = random.Random(7), []  # type: ignore[var-annotated]
     monkeypatch.setattr(
-        ar_master, "allreduce_post_scale", flaky(ar_master.allreduce_post_scale, rng, calls)
+        ar_strategy, "allreduce_post_scale", flaky(ar_strategy.allreduce_post_scale, rng, calls)
     )
     report = api.train(
         str(SPECS / "small-allreduce.yaml"),

@@ -195,7 +195,8 @@ def test_an_infeasible_in_place_resize_becomes_a_relaunch(
     size (a deferred one only after pending_timeout_s); a resize still in progress waits."""
     from dlrover_core.runtime.backends.base import NodeHandle
     from dlrover_core.runtime.backends.local import LocalBackend
-    from dlrover_core.runtime.controller import JobMaster, _Node
+    from dlrover_core.runtime.controller import JobMaster
+    from dlrover_core.runtime.nodes import Node
     from tests.factories import make_spec
 
     class Backend(LocalBackend):
@@ -205,12 +206,12 @@ def test_an_infeasible_in_place_resize_becomes_a_relaunch(
     now = [100.0]
     m = JobMaster(make_spec(), tmp_path / "run", Backend(), monotonic=lambda: now[0])
     m.state = MasterState(tmp_path / "run", total_rows=1000, shard_size=100)
-    n = _Node(Role.WORKER, 0, NodeResources(4000, 2048))
+    n = Node(Role.WORKER, 0, NodeResources(4000, 2048))
     n.handle = NodeHandle(Role.WORKER, 0, 0, "123", 0.0)
     n.resized_mono = now[0]
     m.nodes[(Role.WORKER, 0)] = n
     started: list[tuple[int, NodeResources]] = []
-    m._start_worker = lambda i, r: started.append((i, r))  # type: ignore[method-assign]
+    m.start_worker = lambda i, r: started.append((i, r))  # type: ignore[method-assign]
     now[0] += waited_s
     m._check_resizes()
     assert started == ([(0, NodeResources(4000, 2048))] if relaunched else [])
@@ -236,7 +237,9 @@ def test_which_ps_restores_replay_shards(
     before the freeze or held by its worker for the new set. Any other restore replays the
     shards done after its tag (so a shard done during the change is not trained twice)."""
     from dlrover_core.runtime.backends.local import LocalBackend
-    from dlrover_core.runtime.controller import JobMaster, _Node
+    from dlrover_core.runtime.controller import JobMaster
+    from dlrover_core.runtime.nodes import Node
+    from dlrover_core.runtime.strategies.ps.strategy import PSStrategy
     from dlrover_core.spec import load_spec
 
     spec = load_spec(str(ROOT / "pipelines" / "specs" / "small.yaml"), [])
@@ -249,10 +252,11 @@ def test_which_ps_restores_replay_shards(
     s.record_launch(Role.PS, 0, 1, NodeResources(500, 512), ref="99", generation=gen["id"])
     s.register(Role.PS, 0, 99, 1, address="a:1", generation=gen["id"], restored_seq=restored)
     master.state = s
-    master.nodes[(Role.PS, 0)] = _Node(
+    master.nodes[(Role.PS, 0)] = Node(
         Role.PS, 0, NodeResources(500, 512), incarnation=1, generation=gen["id"]
     )
-    master._check_restores()
+    assert isinstance(master.strategy, PSStrategy)
+    master.strategy.psset.check_restores()
     assert s.shards.counts()["todo"] == len(replayed)
     assert [f["exit_class"] for f in s.faults] == (["restore"] if replayed else [])
     rec = s.node(Role.PS, 0)

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from dlrover_core.runtime.backends.local import LocalBackend
-from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
+from dlrover_core.runtime.controller import JobMaster
+from dlrover_core.runtime.strategies.allreduce.strategy import AllReduceStrategy
 from dlrover_core.spec import load_spec
 from dlrover_core.types import NodeResources, ResourcePlan, RolePlan, Stage
 from tests.runtime.allreduce.test_allreduce_controller import OPTIONS, PLAN_1
@@ -30,7 +31,7 @@ def main() -> int:
     spec = load_spec(json.loads(Path(spec_json).read_text()))
     fired = False
 
-    def on_tick(m: AllReduceMaster) -> None:
+    def on_tick(m: JobMaster) -> None:
         nonlocal fired
         assert m.state is not None and m.plan is not None
         q = m.state.shards
@@ -40,14 +41,16 @@ def main() -> int:
         if scenario == "steady":
             die()
         if scenario == "resize":
-            real = m._launch_group
+            ar = m.strategy
+            assert isinstance(ar, AllReduceStrategy)
+            real = ar._launch_group
 
             def launch_then_die(*a, **k):  # type: ignore[no-untyped-def]
                 real(*a, **k)
                 die()
 
-            m._launch_group = launch_then_die  # type: ignore[method-assign]
-            m._apply(
+            ar._launch_group = launch_then_die  # type: ignore[method-assign]
+            m.apply(
                 ResourcePlan(
                     RolePlan(2, NodeResources(1000, 1536)),
                     PLAN_1.ps,
@@ -56,12 +59,12 @@ def main() -> int:
                 )
             )
 
-    m = AllReduceMaster(
+    m = JobMaster(
         spec,
         run_dir,
         LocalBackend(),
         plan=PLAN_1,
-        options=OPTIONS,
+        strategy=AllReduceStrategy.for_run(run_dir, OPTIONS),
         on_tick=on_tick,
         replan=False,
         tick_s=0.1,

@@ -1,4 +1,5 @@
-"""All-reduce jobs driven by the controller (:class:`AllReduceMaster`): real master, real
+"""All-reduce jobs driven by the controller (:class:`JobMaster` holding an
+:class:`AllReduceStrategy`): real master, real
 rank processes (gloo DMP over torchrec) on the local backend, real checkpoints.
 
 Exactly once is checked in the master's shard queue (every shard done once, no duplicate)
@@ -19,11 +20,12 @@ import psutil
 import pytest
 
 from dlrover_core.runtime.backends.local import LocalBackend
+from dlrover_core.runtime.controller import JobMaster
 from dlrover_core.runtime.job import train
 from dlrover_core.runtime.strategies.allreduce.agent import CKPT_DIR, DELAY_ENV
 from dlrover_core.runtime.strategies.allreduce.checkpoint import CheckpointStore
 from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
-from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
+from dlrover_core.runtime.strategies.allreduce.strategy import AllReduceStrategy
 from dlrover_core.spec import load_spec
 from dlrover_core.training.export import load_exported
 from dlrover_core.types import NodeResources, ResourcePlan, Role, RolePlan, Stage
@@ -96,6 +98,12 @@ def test_small_allreduce_trains_through_the_controller(tmp_path: Path) -> None:
     no_rank_left(rd)
 
 
+def ar_master(spec: Any, rd: Path, options: AllReduceOptions, **kw: Any) -> JobMaster:
+    """The job master of an all-reduce job on this machine, at PLAN_1."""
+    strategy = AllReduceStrategy.for_run(rd, options)
+    return JobMaster(spec, rd, LocalBackend(), plan=PLAN_1, strategy=strategy, **kw)
+
+
 def test_resize_1_2_1_then_a_killed_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The controller resizes 1 -> 2 -> 1 ranks (pre-warmed groups, resharded checkpoints),
     then rank 0 is SIGKILLed: the group is relaunched from its checkpoint; exactly once."""
@@ -105,28 +113,28 @@ def test_resize_1_2_1_then_a_killed_rank(tmp_path: Path, monkeypatch: pytest.Mon
     two = ResourcePlan(RolePlan(2, NodeResources(1000, 1536)), NO_PS, Stage.SCALING, ("2",))
     phase = 0
 
-    def on_tick(m: AllReduceMaster) -> None:
+    def on_tick(m: JobMaster) -> None:
         nonlocal phase
         assert m.state is not None
+        ar = m.strategy
+        assert isinstance(ar, AllReduceStrategy)
         done = m.state.shards.samples_done / rows
         if phase == 0 and done >= 0.1:
             phase = 1
-            m._apply(two)
-        elif phase == 1 and len(m.resize_downtimes_s) == 1 and done >= 0.35:
+            m.apply(two)
+        elif phase == 1 and len(ar.resize_downtimes_s) == 1 and done >= 0.35:
             phase = 2
-            m._apply(PLAN_1)
-        elif phase == 2 and len(m.resize_downtimes_s) == 2 and done >= 0.6:
+            m.apply(PLAN_1)
+        elif phase == 2 and len(ar.resize_downtimes_s) == 2 and done >= 0.6:
             phase = 3
-            g = m._current()
+            g = ar._current()
             assert g is not None and g.world_size == 1
             n = m.nodes[(Role.WORKER, g.first_node_id)]
             assert n.handle is not None
             os.killpg(int(n.handle.ref), signal.SIGKILL)
 
     rd = tmp_path / "run"
-    m = AllReduceMaster(
-        spec, rd, LocalBackend(), plan=PLAN_1, options=OPTIONS, on_tick=on_tick, replan=False
-    )
+    m = ar_master(spec, rd, OPTIONS, on_tick=on_tick, replan=False)
     report = m.run()
     assert phase == 3, f"the job ended in phase {phase}"
     assert_exactly_once(rd, report, rows)
@@ -148,7 +156,7 @@ def test_a_bad_spec_fails_before_any_rank_starts(tmp_path: Path) -> None:
     spec = load_spec(spec_dict(model__embedding_dim=6, model__dense_arch=[64, 6]))
     rd = tmp_path / "run"
     options = AllReduceOptions(sharding=("table_wise",), checkpoint_interval_s=1.0)
-    report = AllReduceMaster(spec, rd, LocalBackend(), plan=PLAN_1, options=options).run()
+    report = ar_master(spec, rd, options).run()
     assert report["state"] == "failed"
     assert "embedding_dim" in report["failure"] and "\n" not in report["failure"]
     assert not (rd / "logs").exists() or not list((rd / "logs").iterdir())
@@ -173,7 +181,7 @@ def test_master_killed_then_resumed(tmp_path: Path, scenario: str) -> None:
     )
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     spec = load_spec(json.loads(spec_path.read_text()))
-    report = AllReduceMaster(spec, rd, LocalBackend(), plan=PLAN_1, options=OPTIONS).run()
+    report = ar_master(spec, rd, OPTIONS).run()
     assert_exactly_once(rd, report, rows)
     assert report["master_starts"] == 2
     state = json.loads((rd / "master.json").read_text())

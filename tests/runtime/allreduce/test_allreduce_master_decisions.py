@@ -1,6 +1,6 @@
-"""The all-reduce master's decisions, without processes: what ``_replan`` and the exit
-handling ask for, given observations, samples and exits (the IO around them is covered by
-test_allreduce_controller.py)."""
+"""The all-reduce strategy's decisions, without processes: what its ``replan`` and exit
+handling ask the job master for (through the strategy protocol), given observations, samples
+and exits (the IO around them is covered by test_allreduce_controller.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 
+from dlrover_core.faults import classify_exit
 from dlrover_core.runtime.backends.base import NodeExit
 from dlrover_core.runtime.backends.local import LocalBackend
+from dlrover_core.runtime.controller import JobMaster
+from dlrover_core.runtime.nodes import Node
 from dlrover_core.runtime.state import MasterState
-from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster, _Group
+from dlrover_core.runtime.strategies.allreduce.strategy import AllReduceStrategy, _Group
 from dlrover_core.spec import load_spec
 from dlrover_core.types import (
     NodeObservation,
@@ -45,12 +48,17 @@ def spec(**extra: Any) -> Any:
     )
 
 
-def master(tmp_path: Path, ranks: int = 1) -> tuple[AllReduceMaster, list[ResourcePlan]]:
-    m = AllReduceMaster(spec(), tmp_path / "run", LocalBackend())
+def strategy(m: JobMaster) -> AllReduceStrategy:
+    assert isinstance(m.strategy, AllReduceStrategy)
+    return m.strategy
+
+
+def master(tmp_path: Path, ranks: int = 1) -> tuple[JobMaster, list[ResourcePlan]]:
+    m = JobMaster(spec(), tmp_path / "run", LocalBackend())
     m.plan = ResourcePlan(RolePlan(ranks, RES), NO_PS, Stage.SCALING, ("now",))
     m.state = MasterState(tmp_path / "run", total_rows=1000, shard_size=100)
     applied: list[ResourcePlan] = []
-    m._apply = applied.append  # type: ignore[method-assign]
+    m.apply = applied.append  # type: ignore[method-assign]
     return m, applied
 
 
@@ -71,7 +79,7 @@ def test_stage2_grows_a_long_job_on_the_fitted_model(tmp_path: Path) -> None:
         for c in (1.0, 2.0)
     ]
     m.observations = [obs(1, [900])]
-    m._replan()
+    m.replan()
     assert applied, "stage 2 kept 1 rank for a job of 50M rows that scales"
     assert applied[0].workers.count > 1 and applied[0].ps.count == 0
 
@@ -81,7 +89,7 @@ def test_no_model_no_resize(tmp_path: Path) -> None:
     m, applied = master(tmp_path)
     m.samples = [Sample(1, 0, 1.0, 0.0, 9000.0, batch_size=512)] * 3
     m.observations = [obs(1, [900])]
-    m._replan()
+    m.replan()
     assert applied == []
 
 
@@ -89,7 +97,7 @@ def test_a_straggler_is_replaced_by_a_group_of_the_same_size(tmp_path: Path) -> 
     """Rank 1 busy while the others wait in the collectives: a relaunch of the same size."""
     m, applied = master(tmp_path, ranks=3)
     m.observations = [obs(3, [300, 980, 320]) for _ in range(3)]
-    m._replan()
+    m.replan()
     assert len(applied) == 1
     p = applied[0]
     assert p.workers.count == 3
@@ -99,12 +107,12 @@ def test_a_straggler_is_replaced_by_a_group_of_the_same_size(tmp_path: Path) -> 
 def test_replan_waits_for_its_interval_and_for_a_resize(tmp_path: Path) -> None:
     m, applied = master(tmp_path, ranks=3)
     m.observations = [obs(3, [300, 980, 320]) for _ in range(3)]
-    m._replan()
-    m._replan()  # within pacing.replan_interval_s: no second decision
+    m.replan()
+    m.replan()  # within pacing.replan_interval_s: no second decision
     assert len(applied) == 1
-    m._next_replan_mono = 0.0
-    m._resize = object()  # type: ignore[assignment]  # a resize in progress
-    m._replan()
+    strategy(m)._next_replan_mono = 0.0
+    strategy(m)._resize = object()  # type: ignore[assignment]  # a resize in progress
+    m.replan()
     assert len(applied) == 1
 
 
@@ -115,24 +123,23 @@ def test_replan_waits_for_its_interval_and_for_a_resize(tmp_path: Path) -> None:
 def test_a_failed_rank_aborts_its_group_and_relaunches_one(
     tmp_path: Path, code: int, sig: int | None, reason: str | None, relaunch: bool
 ) -> None:
-    m = AllReduceMaster(spec(), tmp_path / "run", LocalBackend())
+    m = JobMaster(spec(), tmp_path / "run", LocalBackend())
+    ar = strategy(m)
     m.plan = ResourcePlan(RolePlan(2, RES), NO_PS, Stage.SCALING, ("now",))
     m.state = MasterState(tmp_path / "run", total_rows=1000, shard_size=100)
     launched: list[Any] = []
-    m._launch_group = lambda plan, after: (
+    ar._launch_group = lambda plan, after: (
         launched.append(plan)
         or _Group(  # type: ignore[method-assign]
             9, plan.workers.count, 10, plan.workers.resources, "", None, "starting"
         )
     )
     g = _Group(1, 2, 0, RES, "h:1", None, "active")
-    m._groups[1] = g
-    from dlrover_core.runtime.controller import _Node
-
+    ar._groups[1] = g
     for i in (0, 1):
-        m.nodes[(Role.WORKER, i)] = _Node(Role.WORKER, i, RES, generation=1)
+        m.nodes[(Role.WORKER, i)] = Node(Role.WORKER, i, RES, generation=1)
     e = NodeExit(Role.WORKER, 1, 0, code, sig, reason, 0.0)
-    m._on_exit(e)
+    ar.on_exit(m.nodes[(Role.WORKER, 1)], e, classify_exit(code, reason, sig))
     assert g.state == "aborted"
     assert (Role.WORKER, 0) not in m.nodes  # the rest of the group is stopped
     assert len(launched) == 1 and launched[0].workers.count == 2

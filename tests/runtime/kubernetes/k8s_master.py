@@ -54,12 +54,7 @@ def make_master(
         duration_s=lease_s,
         api_client=k8s.ApiClient(cfg),
     )
-    cls = JobMaster
-    if spec.strategy == "allreduce":
-        from dlrover_core.runtime.strategies.allreduce.master import AllReduceMaster
-
-        cls = AllReduceMaster
-    return cls(
+    return JobMaster(
         spec,
         state_dir / "runs" / spec.name,
         backend,

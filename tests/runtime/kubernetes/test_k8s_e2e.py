@@ -277,23 +277,23 @@ def test_hot_ps_migration_and_an_in_place_worker_resize_through_kubernetes(
         frac = m.state.shards.samples_done / max(1, m.state.shards.samples_total)
         if not done and frac >= 0.25:
             done.append("migrate")
-            m._apply(m.plan.replace(ps=RolePlan(2, m.plan.ps.resources), reasons=("test: 2 PS",)))
-        elif done == ["migrate"] and frac >= 0.55 and not m._changing():
+            m.apply(m.plan.replace(ps=RolePlan(2, m.plan.ps.resources), reasons=("test: 2 PS",)))
+        elif done == ["migrate"] and frac >= 0.55 and not m.changing():
             done.append("resize")
             w = m.plan.workers
             half = NodeResources(w.resources.cpu_millicores // 2, w.resources.memory_mib)
-            m._apply(m.plan.replace(workers=RolePlan(w.count, half), reasons=("test: half CPU",)))
+            m.apply(m.plan.replace(workers=RolePlan(w.count, half), reasons=("test: half CPU",)))
         elif done == ["migrate", "resize"]:
             for p in apiserver.api.objects_of("pods", NAMESPACE):
                 if p["metadata"]["name"] == "small-worker-0-0":
                     limits.append(p["spec"]["containers"][0]["resources"]["limits"]["cpu"])
                     done.append("seen")
-        elif done == ["migrate", "resize", "seen"] and frac >= 0.7 and not m._changing():
+        elif done == ["migrate", "resize", "seen"] and frac >= 0.7 and not m.changing():
             done.append("ps-resize")  # CPU only: the PS pods are resized, not replaced
             states.append(m.state.node(Role.WORKER, 0).state.value)  # type: ignore[union-attr]
             ps = m.plan.ps
             more = NodeResources(ps.resources.cpu_millicores * 2, ps.resources.memory_mib)
-            m._apply(m.plan.replace(ps=RolePlan(ps.count, more), reasons=("test: PS CPU x2",)))
+            m.apply(m.plan.replace(ps=RolePlan(ps.count, more), reasons=("test: PS CPU x2",)))
         elif done == ["migrate", "resize", "seen", "ps-resize"]:
             for p in apiserver.api.objects_of("pods", NAMESPACE):
                 if p["metadata"]["name"].startswith("small-ps-1-"):
