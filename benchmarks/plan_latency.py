@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dlrover_core.model import selection
 from dlrover_core.model.throughput import PSOverlapThroughputModel, ThroughputModel
 from dlrover_core.planner import planner as planner_mod
 from dlrover_core.spec import load_spec
@@ -102,7 +103,7 @@ def noisy(
     ]
 
 
-class ColdModelChoice(planner_mod.ModelChoice):
+class ColdModelChoice(selection.ModelChoice):
     """The remembered choice with a cold refit (the planner before the warm start)."""
 
     def __call__(
@@ -116,7 +117,7 @@ Factory = Callable[[Sequence[Sample], str, int], ThroughputModel]
 FACTORIES: dict[str, Callable[[], Factory | None]] = {
     "remembered (warm refit)": lambda: None,  # the planner's default: ModelChoice()
     "remembered (cold refit)": ColdModelChoice,
-    "chosen every call": lambda: planner_mod.linear_model_factory,
+    "chosen every call": lambda: selection.linear_model_factory,
 }
 
 

@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlrover_core.errors import DLRoverError
+from dlrover_core.model.selection import ModelChoice
 from dlrover_core.model.throughput import fit_throughput_model
-from dlrover_core.planner.planner import ModelChoice
 from dlrover_core.types import Sample
 
 # "planner": the planner's own choice (ModelChoice, the default throughput_form): the

@@ -47,9 +47,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlrover_core.errors import DLRoverError
+from dlrover_core.model.selection import default_model_factory
 from dlrover_core.model.throughput import PSOverlapThroughputModel
 from dlrover_core.planner.config import PlannerConfig
-from dlrover_core.planner.planner import default_model_factory
 from dlrover_core.sim import engine as E
 from dlrover_core.sim import truth as T
 from dlrover_core.sim.runner import (

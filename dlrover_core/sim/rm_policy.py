@@ -16,9 +16,9 @@ from dlrover_core.faults import (
     PsOomAction,
     ps_oom_action,
 )
+from dlrover_core.model.selection import ModelChoice
 from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
-from dlrover_core.planner.planner import ModelChoice
 from dlrover_core.sim.policies import JobView, RelaunchDecision
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (

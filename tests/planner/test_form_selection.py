@@ -12,9 +12,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from dlrover_core.model import selection
+from dlrover_core.model.selection import SELECT_MIN_CONFIGS, ModelChoice
 from dlrover_core.model.throughput import PSBottleneckThroughputModel, PSThroughputModel
-from dlrover_core.planner import planner as planner_mod
-from dlrover_core.planner.planner import SELECT_MIN_CONFIGS, ModelChoice
 from dlrover_core.sim.trace import generate_trace
 from dlrover_core.types import Sample
 
@@ -41,9 +41,9 @@ def gpu_like(w: int, p: int, lw: float, lp: float) -> float:
 
 def _count_cross_validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     runs: list[int] = []
-    real = planner_mod.linear_predicts_better
+    real = selection.linear_predicts_better
     monkeypatch.setattr(
-        planner_mod, "linear_predicts_better", lambda *a, **k: runs.append(1) or real(*a, **k)
+        selection, "linear_predicts_better", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
     return runs
 

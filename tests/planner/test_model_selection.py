@@ -12,6 +12,12 @@ import numpy as np
 import pytest
 
 from dlrover_core.errors import TooFewSamplesError
+from dlrover_core.model import selection
+from dlrover_core.model.selection import (
+    OVERLAP_MIN_CONFIGS,
+    held_out_errors,
+    linear_model_factory,
+)
 from dlrover_core.model.throughput import (
     AllReduceThroughputModel,
     PSExtendedThroughputModel,
@@ -22,11 +28,6 @@ from dlrover_core.model.throughput import (
 from dlrover_core.planner import PlannerConfig
 from dlrover_core.planner import planner as planner_mod
 from dlrover_core.planner.bounds import JobBounds
-from dlrover_core.planner.planner import (
-    OVERLAP_MIN_CONFIGS,
-    held_out_errors,
-    linear_model_factory,
-)
 from dlrover_core.planner.scaling import search
 from dlrover_core.types import Sample
 from tests.factories import GRID_CONFIGS, exact_samples, make_linear_spec, make_plan
@@ -71,7 +72,7 @@ def test_no_overlap_fit_when_the_baseline_shows_no_lack_of_fit(
         calls.append(len(samples))
         return PSOverlapThroughputModel(batch_size=batch_size).fit(samples)
 
-    monkeypatch.setattr(planner_mod, "_overlap_ps_model", overlap)
+    monkeypatch.setattr(selection, "_overlap_ps_model", overlap)
     samples = exact_samples(PS_COEF, GRID_CONFIGS[:30])
     assert type(linear_model_factory(samples, "ps", B)) is PSExtendedThroughputModel
     assert calls == []
@@ -217,16 +218,16 @@ def test_the_choice_is_remembered_until_the_configurations_grow_by_half(
     truth = overlap_truth(OV_COEF, 2.5)
     samples = make_samples(train[:20], truth, noise=0.02)
     runs: list[int] = []
-    real = planner_mod.held_out_errors
+    real = selection.held_out_errors
     monkeypatch.setattr(
-        planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
+        selection, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
-    choice = planner_mod.ModelChoice("linear")
+    choice = selection.ModelChoice("linear")
     first = choice(samples, "ps", B)
     assert isinstance(first, PSOverlapThroughputModel) and len(runs) == 2  # base + overlap
     again = choice(samples + make_samples(train[:3], truth, noise=0.02, seed=5), "ps", B)
     assert isinstance(again, PSOverlapThroughputModel) and len(runs) == 2  # refit only
-    assert planner_mod.CHOOSE_AGAIN_GROWTH == 1.5
+    assert selection.CHOOSE_AGAIN_GROWTH == 1.5
     grown = samples + make_samples(train[20:29], truth, noise=0.02)  # 29 < 1.5 x 20
     assert isinstance(choice(grown, "ps", B), PSOverlapThroughputModel) and len(runs) == 2
     choice(samples + make_samples(train[20:30], truth, noise=0.02), "ps", B)  # 30 configs
@@ -241,11 +242,11 @@ def test_a_choice_from_fewer_configurations_than_cross_validation_needs_is_not_k
     train, _ = split()
     truth = overlap_truth(OV_COEF, 2.5)
     runs: list[int] = []
-    real = planner_mod.held_out_errors
+    real = selection.held_out_errors
     monkeypatch.setattr(
-        planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
+        selection, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
-    choice = planner_mod.ModelChoice("linear")
+    choice = selection.ModelChoice("linear")
     assert choice.remembered() is None
     few = make_samples(train[: OVERLAP_MIN_CONFIGS - 1], truth, noise=0.02)
     assert not isinstance(choice(few, "ps", B), PSOverlapThroughputModel) and not runs
@@ -264,22 +265,22 @@ def test_a_past_runs_choice_is_adopted_and_round_trips_through_json(
     train, _ = split()
     truth = overlap_truth(OV_COEF, 2.5)
     samples = make_samples(train[:20], truth, noise=0.02)
-    first = planner_mod.ModelChoice("linear")
+    first = selection.ModelChoice("linear")
     assert isinstance(first(samples, "ps", B), PSOverlapThroughputModel)
     left = json.loads(json.dumps(first.remembered()))
     assert left["form"] == "ps_overlap" and len(left["configs"]) == 20
     runs: list[int] = []
-    real = planner_mod.held_out_errors
+    real = selection.held_out_errors
     monkeypatch.setattr(
-        planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
+        selection, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
-    nxt = planner_mod.ModelChoice("linear")
+    nxt = selection.ModelChoice("linear")
     assert nxt.adopt(left)
     more = samples + make_samples(train[20:24], truth, noise=0.02, seed=9)
     assert isinstance(nxt(more, "ps", B), PSOverlapThroughputModel) and not runs
     assert not nxt.adopt(left)  # a choice is already made: a later seed is ignored
     # a past run's configurations that are not all measured again: chosen afresh
-    other = planner_mod.ModelChoice("linear")
+    other = selection.ModelChoice("linear")
     assert other.adopt(left)
     other(make_samples(train[1:21], truth, noise=0.02), "ps", B)
     assert len(runs) == 2
@@ -301,7 +302,7 @@ def test_a_past_runs_choice_is_adopted_and_round_trips_through_json(
     ],
 )
 def test_a_malformed_remembered_choice_is_ignored(bad: object) -> None:
-    choice = planner_mod.ModelChoice("linear")
+    choice = selection.ModelChoice("linear")
     assert not choice.adopt(bad)
     assert choice.remembered() is None
 
@@ -316,7 +317,7 @@ def test_remembering_the_choice_cuts_plan_latency_on_noisy_replicates() -> None:
     train, _ = split()
     truth = overlap_truth(OV_COEF, 2.5)
 
-    def median_ms(factory: planner_mod.ModelFactory | None) -> float:
+    def median_ms(factory: selection.ModelFactory | None) -> float:
         planner = planner_mod.Planner(
             make_linear_spec(quota={"cpu": 64, "memory": "256Gi"}), model_factory=factory
         )
@@ -329,7 +330,7 @@ def test_remembering_the_choice_cuts_plan_latency_on_noisy_replicates() -> None:
             times.append(time.thread_time() - t)
         return float(np.median(times)) * 1000
 
-    remembered, every_call = median_ms(None), median_ms(planner_mod.linear_model_factory)
+    remembered, every_call = median_ms(None), median_ms(selection.linear_model_factory)
     print(f"plan on noisy replicates: {remembered:.1f} ms remembered, {every_call:.1f} chosen")
     assert remembered < 0.5 * every_call
 
@@ -341,7 +342,7 @@ def test_the_remembered_overlap_form_is_warm_started_from_its_previous_fit(
     truth = overlap_truth(OV_COEF, 2.5)
     samples = make_samples(train[:20], truth, noise=0.02)
     starts: list[PSOverlapThroughputModel | None] = []
-    real = planner_mod._overlap_ps_model
+    real = selection._overlap_ps_model
 
     def recording(
         s: Sequence[Sample], b: int, start_from: PSOverlapThroughputModel | None = None
@@ -349,8 +350,8 @@ def test_the_remembered_overlap_form_is_warm_started_from_its_previous_fit(
         starts.append(start_from)
         return real(s, b, start_from)
 
-    monkeypatch.setattr(planner_mod, "_overlap_ps_model", recording)
-    choice = planner_mod.ModelChoice("linear")
+    monkeypatch.setattr(selection, "_overlap_ps_model", recording)
+    choice = selection.ModelChoice("linear")
     first = choice(samples, "ps", B)
     assert isinstance(first, PSOverlapThroughputModel)
     assert all(s is None for s in starts)  # choosing: cold fits (the full one, the folds)
@@ -438,7 +439,7 @@ def test_a_recurring_jobs_initial_plan_starts_from_the_last_runs_model_choice(
     truth = overlap_truth(OV_COEF, 2.5)
     samples = make_samples(train[:20], truth, noise=0.02)
     spec = make_linear_spec(quota={"cpu": 64, "memory": "256Gi"})
-    first = planner_mod.ModelChoice("linear")
+    first = selection.ModelChoice("linear")
     first(samples, "ps", B)
     left = first.remembered()
     assert left is not None and left["form"] == "ps_overlap"
@@ -457,9 +458,9 @@ def test_a_recurring_jobs_initial_plan_starts_from_the_last_runs_model_choice(
         return [new, old]
 
     runs: list[int] = []
-    real = planner_mod.held_out_errors
+    real = selection.held_out_errors
     monkeypatch.setattr(
-        planner_mod, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
+        selection, "held_out_errors", lambda *a, **k: runs.append(1) or real(*a, **k)
     )
     planner = planner_mod.Planner(spec)
     planner.initial_plan(history(left), now_s=100.0)
