@@ -308,6 +308,78 @@ def train(
     )
 
 
+def run(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    plan: str | Path | Mapping[str, Any] | None = None,
+    run_dir: str | Path | None = None,
+    history: str | None = None,
+    history_secret: str | None = None,
+    dry_run: bool = False,
+    wait: bool = True,
+    progress: bool = True,
+    model_dir: str | Path | None = None,
+    poll_interval: float = 5.0,
+    on_line: Any = None,
+) -> dict[str, Any]:
+    """Run the job wherever its spec says (``backend.kind``), the one verb every shell uses
+    (the CLI's ``run``, the KFP train component, the Airflow train operator).
+
+    - The job master runs in this process (local processes; or in the master's own pod on
+      Kubernetes): :func:`train`; returns the report.
+    - Kubernetes, from outside the master's pod: :func:`submit`, then (``wait``) follow the
+      job to its end and return its report (:func:`submit_and_follow`); without ``wait``,
+      what was created.
+    - ``dry_run``: nothing is created or started; returns the request that would be: the
+      master's command and the first plan's nodes, or the Kubernetes objects (Secret values
+      left out)."""
+    from dlrover_core.runtime.backends.targets import master_here_request, target_for
+
+    js = resolve_spec(spec, overrides)
+    target = target_for(js)
+    here = not target.submits or in_master_pod()
+    if dry_run:
+        rp = _resolve_plan(plan)
+        out: dict[str, Any] = {"dry_run": True, "job": js.name, "backend": target.kind}
+        out["plan"] = rp.to_dict() if rp is not None else None
+        if here:
+            if rp is None:  # the first plan the master would make (stage 1, read-only)
+                out["plan"] = globals()["plan"](js, history=history)
+            where = run_dir or target.run_dir(js)
+            return out | master_here_request(js, out["plan"], where, plan_given=rp is not None)
+        from dlrover_core.runtime.backends.manifests import submit_objects
+
+        _, cfg, url, _ = _submission(js, (), plan, history, history_secret)
+        objects = submit_objects(cfg, "<generated at submit>", url)
+        for o in objects:
+            if o.get("kind") == "Secret":
+                o["stringData"] = {k: "<hidden>" for k in o.get("stringData") or {}}
+                o.pop("data", None)
+        out["master"] = {"where": f"a Job in namespace {cfg.namespace}"}
+        return out | {"objects": objects, "nodes": "pods, created by the master as it plans"}
+    if here:
+        return train(js, plan=plan, run_dir=run_dir, history=history, progress=progress,
+                     model_dir=model_dir)  # fmt: skip
+    if not wait:
+        return submit(js, plan=plan, history_url=history, history_secret=history_secret)
+    return submit_and_follow(
+        js,
+        plan=plan,
+        history_url=history,
+        history_secret=history_secret,
+        poll_interval=poll_interval,
+        on_line=on_line,
+    )
+
+
+def submits(spec: SpecLike, overrides: Iterable[str] = ()) -> bool:
+    """Whether :func:`run` submits this job (its master runs elsewhere) from this process."""
+    from dlrover_core.runtime.backends.targets import target_for
+
+    return target_for(resolve_spec(spec, overrides)).submits and not in_master_pod()
+
+
 def _similar_first_plan(
     js: JobSpec, recs: Sequence[HistoryRecord], read: dict[str, Any], history: str | None
 ) -> ResourcePlan | None:
@@ -412,33 +484,19 @@ def status(run_dir: str | Path) -> dict[str, Any]:
     return read_status(run_dir)
 
 
-def submit(
+def _submission(
     spec: SpecLike,
-    *,
-    overrides: Iterable[str] = (),
-    plan: str | Path | Mapping[str, Any] | None = None,
-    history_url: str | None = None,
-    history_secret: str | None = None,
-) -> dict[str, Any]:
-    """Submit the job to Kubernetes: its master as a Job (restarted by the control plane; it
-    resumes from its state on the volume), with its Service, token Secret, spec ConfigMap,
-    NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``. ``plan`` (a plan dict
-    or a plan file from ``plan``) travels in the ConfigMap and the master trains on it;
-    without one the master plans the job itself.
-
-    The run history the master reads and records to: ``history_secret`` (``NAME`` or
-    ``NAME:KEY`` of a Secret you made, key ``url`` by default), or ``history_url``, which
-    goes into a Secret of the job's own (``<job>-history``, owned by the Job), or the spec's
-    ``history.url`` (moved into that Secret when it holds a password). Either way the master
-    reads it as ``$DLROVER_RM_HISTORY`` from the Secret: the URL is never in the ConfigMap,
-    the master's command line or a log line."""
-    import secrets
-
+    overrides: Iterable[str],
+    plan: str | Path | Mapping[str, Any] | None,
+    history_url: str | None,
+    history_secret: str | None,
+) -> tuple[JobSpec, Any, str | None, tuple[str, str] | None]:
+    """What :func:`submit` sends (pure; the dry run shows it): the spec, the master's config,
+    the history URL for the job's own Secret, and the history Secret reference."""
     import yaml
 
     from dlrover_core.history.redact import redact_url
-    from dlrover_core.runtime.backends import submit as k8s
-    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+    from dlrover_core.runtime.backends import manifests as k8s
     from dlrover_core.spec import spec_to_dict
 
     s = resolve_spec(spec, overrides)
@@ -471,6 +529,35 @@ def submit(
         plan_json=json.dumps(rp.to_dict(), allow_nan=False) if rp is not None else None,
         history_secret=ref,
     )
+    return s, cfg, url, ref
+
+
+def submit(
+    spec: SpecLike,
+    *,
+    overrides: Iterable[str] = (),
+    plan: str | Path | Mapping[str, Any] | None = None,
+    history_url: str | None = None,
+    history_secret: str | None = None,
+) -> dict[str, Any]:
+    """Submit the job to Kubernetes: its master as a Job (restarted by the control plane; it
+    resumes from its state on the volume), with its Service, token Secret, spec ConfigMap,
+    NetworkPolicy and state claim. Needs ``backend.kind: kubernetes``. ``plan`` (a plan dict
+    or a plan file from ``plan``) travels in the ConfigMap and the master trains on it;
+    without one the master plans the job itself.
+
+    The run history the master reads and records to: ``history_secret`` (``NAME`` or
+    ``NAME:KEY`` of a Secret you made, key ``url`` by default), or ``history_url``, which
+    goes into a Secret of the job's own (``<job>-history``, owned by the Job), or the spec's
+    ``history.url`` (moved into that Secret when it holds a password). Either way the master
+    reads it as ``$DLROVER_RM_HISTORY`` from the Secret: the URL is never in the ConfigMap,
+    the master's command line or a log line."""
+    import secrets
+
+    from dlrover_core.runtime.backends import submit as k8s
+    from dlrover_core.runtime.backends.kubernetes_api import _default_client
+
+    s, cfg, url, ref = _submission(spec, overrides, plan, history_url, history_secret)
     created = k8s.submit(_default_client(), cfg, secrets.token_hex(32), history_url=url)
     out: dict[str, Any] = {"job": s.name, "namespace": cfg.namespace, "created": created}
     out["history"] = {"secret": f"{ref[0]}:{ref[1]}"} if ref is not None else None

@@ -250,6 +250,33 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0 if report["state"] == "succeeded" else 1
 
 
+def cmd_run(a: argparse.Namespace) -> int:
+    """The job wherever its spec says: the master here (as ``train``), or submitted to
+    Kubernetes and followed (as ``submit --wait``); ``--dry-run`` shows the request."""
+    if a.dry_run:
+        _write_json(
+            api.run(
+                a.spec,
+                overrides=a.overrides,
+                plan=a.plan,
+                run_dir=a.run_dir,
+                history=a.history,
+                history_secret=a.history_secret,
+                dry_run=True,
+            ),
+            a.out,
+        )
+        return 0
+    if api.submits(a.spec, a.overrides):
+        if a.history is not None and a.history_secret is not None:
+            raise InputError("give --history or --history-secret, not both")
+        a.wait = not a.no_wait
+        if a.history is not None:  # on Kubernetes a URL goes into the job's own Secret
+            return _submit(a, history_url=a.history)
+        return cmd_submit(a)
+    return cmd_train(a)
+
+
 def cmd_profile(a: argparse.Namespace) -> int:
     res = api.profile(a.spec, overrides=a.overrides, out=a.out, n_configs=a.configs)
     if a.json:
@@ -297,7 +324,17 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
-    res = api.submit(a.spec, overrides=a.overrides, plan=a.plan, history_secret=a.history_secret)
+    return _submit(a)
+
+
+def _submit(a: argparse.Namespace, history_url: str | None = None) -> int:
+    res = api.submit(
+        a.spec,
+        overrides=a.overrides,
+        plan=a.plan,
+        history_url=history_url,
+        history_secret=a.history_secret,
+    )
     if not a.wait:
         _write_json(res, None)
         return 0
@@ -464,6 +501,44 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="write the results JSON here")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_simulate)
+
+    r = _command(
+        sub,
+        "run",
+        "run the job where its spec says: the master here (backend local), or submitted to "
+        "Kubernetes and followed (backend kubernetes); --dry-run shows what it would start",
+    )
+    _spec_args(r)
+    r.add_argument("--plan", help="start from this plan JSON (from `dlrover-rm plan --out`)")
+    r.add_argument(
+        "--run-dir", help="run directory (default: runs/NAME-TIME); an existing one resumes"
+    )
+    r.add_argument(
+        "--history",
+        help="run history: a store URL or a JSON export (on Kubernetes a URL, which goes "
+        "into a Secret of the job's own)",
+    )
+    r.add_argument(
+        "--history-secret",
+        metavar="NAME[:KEY]",
+        help="on Kubernetes: a Secret holding the history store URL (key 'url' by default)",
+    )
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start nothing: print the request (the master's command and the first plan's "
+        "nodes, or the Kubernetes objects with Secret values hidden) as JSON",
+    )
+    r.add_argument(
+        "--no-wait", action="store_true", help="on Kubernetes: submit and return at once"
+    )
+    r.add_argument(
+        "--poll-interval", type=float, default=5.0, help="on Kubernetes: seconds between reads"
+    )
+    r.add_argument("--quiet", action="store_true", help="no progress and no decisions on stderr")
+    r.add_argument("--out", help="write the report (or the dry run's request) JSON here too")
+    r.add_argument("--json", action="store_true", help=JSON_HELP)
+    r.set_defaults(func=cmd_run)
 
     t = _command(sub, "train", "run the job on this machine (elastic, fault-tolerant)")
     _spec_args(t)

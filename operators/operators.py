@@ -11,9 +11,9 @@ group), records ``{pid, hostname}`` in ``RUN_DIR/airflow-job.json`` and defers t
 
 With ``backend.kind: kubernetes`` (in the spec, the operator's overrides or the connection's
 ``backend``) ``execute`` instead submits the job's master as a Kubernetes Job
-(``dlrover_core.api.submit``) and defers to ``DLRoverKubernetesJobTrigger``, which watches it
-through the Kubernetes API from any triggerer and streams the master's log into the task log;
-the worker and the triggerer need only a kubeconfig or an in-cluster service account.
+(``dlrover_core.api.run``, not waiting) and defers to ``DLRoverKubernetesJobTrigger``, which
+watches it through the Kubernetes API from any triggerer and streams the master's log into the
+task log; the worker and the triggerer need only a kubeconfig or an in-cluster service account.
 ``on_kill`` (and the trigger's ``on_kill``) cancel the job (``dlrover_core.api.cancel``).
 """
 
@@ -193,7 +193,7 @@ class DLRoverTrainOperator(_DLRoverBase):
         from dlrover_core import api
 
         js = api.resolve_spec(self.spec, self.hook.overrides(_overrides(self.overrides)))
-        return (js.name, js.backend.namespace) if js.backend.kind == "kubernetes" else None
+        return (js.name, js.backend.namespace) if api.submits(js) else None
 
     def _submit(self, job: tuple[str, str]) -> None:
         from dlrover_core import api
@@ -212,11 +212,12 @@ class DLRoverTrainOperator(_DLRoverBase):
             plan = json.loads(plan)  # a rendered template
         # the connection's store (it may hold a password) goes into a Secret the Job owns;
         # the master reads it from there, never from its command line or the ConfigMap
-        res = api.submit(
+        res = api.run(
             self.spec,
             overrides=[*self.hook.overrides(_overrides(self.overrides)), *self._init_over()],
             plan=plan,
-            history_url=url or None,
+            history=url or None,
+            wait=False,  # the trigger follows it while the task is deferred
         )
         self.k8s_job = job
         self.log.info(
@@ -237,7 +238,7 @@ class DLRoverTrainOperator(_DLRoverBase):
         rd = Path(self.run_dir or _default_path(context, "run"))
         rd.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "dlrover_core.cli", "--log-level", "info"]
-        cmd += ["train", "--spec", str(self.spec)]
+        cmd += ["run", "--spec", str(self.spec)]
         cmd += ["--run-dir", str(rd)]
         plan = self._plan_file(rd)
         if plan:

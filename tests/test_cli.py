@@ -412,3 +412,26 @@ def test_a_command_names_every_extra_it_misses(monkeypatch: pytest.MonkeyPatch) 
     line = cli.missing_extras("profile")
     assert line and "--no-deps torchrec" in line
     assert main(["train", "--spec", SMALL]) == 2
+
+
+def test_run_dry_run_shows_the_request_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run verb: a dry run shows what would start (the master's command and the first
+    plan's nodes locally; the Kubernetes objects, Secret values hidden) and starts nothing."""
+    run_dir = tmp_path / "run"
+    argv = ["run", "--spec", SMALL, "--history", "none", "--run-dir", str(run_dir), "--dry-run"]
+    rc, out, _ = run(argv, capsys)
+    assert rc == 0
+    d = json.loads(out)
+    assert d["dry_run"] and d["backend"] == "local" and d["plan"]["stage"] == "cold_start"
+    assert {n["node"] for n in d["nodes"]} == {"ps-0", "worker-0"}
+    assert not run_dir.exists()
+    url = "postgresql://u:secret@db/h"
+    argv = ["run", "--spec", SMALL, "--set", "backend.kind=kubernetes", "--history", url,
+            "--dry-run"]  # fmt: skip
+    rc, out, _ = run(argv, capsys)
+    assert rc == 0 and "secret@" not in out
+    d = json.loads(out)
+    kinds = [o["kind"] for o in d["objects"]]
+    assert kinds[-1] == "Job" and kinds.count("Secret") == 2, kinds

@@ -110,7 +110,7 @@ def dlrover_train(
     if state_pvc:
         over.append(f"backend.state_pvc={state_pvc}")
     js = api.resolve_spec(spec, over)
-    on_k8s = js.backend.kind == "kubernetes"
+    on_k8s = api.submits(js)  # Kubernetes: the master runs as its own Job, this task follows
     if on_k8s and run_id:
         import hashlib
 
@@ -129,7 +129,7 @@ def dlrover_train(
             logging.getLogger("dlrover_rm.kfp").info("dataset staged at %s", where)
         spec = use_data_file(spec, fmt, where)
     if not on_k8s:
-        report = api.train(
+        report = api.run(
             spec,
             overrides=over,
             plan=plan.path,
@@ -142,11 +142,11 @@ def dlrover_train(
         import shutil
 
         log = logging.getLogger("dlrover_rm.kfp")
-        report = api.submit_and_follow(
+        report = api.run(
             spec,
             overrides=over,
             plan=plan.path,
-            history_url=history or None,
+            history=history or None,
             history_secret=history_secret or None,
             poll_interval=poll_interval,
             on_line=lambda pod, line: log.info("%s | %s", pod, line),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlrover_core.errors import DLRoverError, InputError, StoreUnavailableError
 from dlrover_core.runtime import state_url
+from dlrover_core.runtime.backends.targets import target_for
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import HistoryRecord, ResourcePlan, Role
 
@@ -63,10 +64,10 @@ def _train(
     quiet_third_party()  # node processes inherit the filters: no pynvml warning in their logs
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
     spec, clamp_note = fit_to_container(spec)
-    backend, extra = _backend(spec)
-    if spec.backend.kind == "kubernetes" and run_dir is None:
-        # the run directory lives on the state volume, at one path for master and nodes
-        rd = Path(spec.backend.state_mount_path) / "runs" / spec.name
+    target = target_for(spec)
+    backend, extra = target.master_backend(spec)
+    if run_dir is None:  # on Kubernetes: on the state volume, one path for master and nodes
+        rd = target.run_dir(spec) or rd
     surl = state_url_of(spec, rd)
     if surl is not None:
         _state_url_start(spec, rd, surl)
@@ -224,7 +225,7 @@ def fit_to_container(spec: JobSpec) -> tuple[JobSpec, str | None]:
     to its ``cpu.max``/``memory.max`` less the master's share (``runtime/cgroup.py``). Returns
     the spec to run and the note when it was clamped. ``DLROVER_RM_CGROUP_ROOT`` points at
     another cgroup root (tests)."""
-    if spec.backend.kind != "local":
+    if not target_for(spec).shares_container:
         return spec, None  # every node is a pod of its own
     import os
 
@@ -415,47 +416,6 @@ def export_after_train(report: dict[str, Any], run_dir: Path, out: Path) -> None
         return
     report["model_dir"] = str(out)
     report["model_held_out"] = card["held_out"]
-
-
-def _backend(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
-    """The backend for ``spec.backend`` and the controller arguments that go with it: local
-    processes; or, with ``kind: kubernetes`` (the master in a pod: a KFP task, an Airflow pod,
-    `dlrover-rm submit`'s Job), pods owned by the master's Job or pod, a Kubernetes Lease as
-    the run lease, and ``dlrover-rm node`` as every node's command."""
-    if spec.backend.kind == "local":
-        from dlrover_core.runtime.backends.local import LocalBackend
-
-        return LocalBackend(), {}
-    import os
-    import socket
-
-    from dlrover_core.runtime.backends import submit as k8s_submit
-    from dlrover_core.runtime.backends.kubernetes import (
-        KubernetesLease,
-        backend_from_spec,
-        owner_for_master,
-    )
-    from dlrover_core.runtime.backends.kubernetes_api import _default_client
-
-    ns = spec.backend.namespace
-    pod = os.environ.get(k8s_submit.ENV_POD_NAME)
-    owner = owner_for_master(_default_client(), ns, pod) if pod else None
-    lease_name = os.environ.get(k8s_submit.ENV_LEASE, f"{spec.name}-master")
-    backend = backend_from_spec(
-        spec.backend,
-        spec.name,
-        owner=owner,
-        token_secret=os.environ.get(k8s_submit.ENV_TOKEN_SECRET),
-        master_service=os.environ.get(k8s_submit.ENV_MASTER_SERVICE),
-        lease_name=lease_name,
-    )
-    lease = KubernetesLease(
-        ns,
-        lease_name,
-        identity=pod or socket.gethostname(),
-        duration_s=max(15.0, 3 * spec.pacing.heartbeat_interval_s),
-    )
-    return backend, {"lease": lease, "node_command": lambda: ["dlrover-rm", "node"]}
 
 
 def run_peaks(observations: Any) -> dict[str, int | None]:
