@@ -448,9 +448,9 @@ def _resolve_plan(plan: str | Path | Mapping[str, Any] | None) -> Any:
 def export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
     """Export the model a finished run trained (``model.pt`` + ``model_card.json`` in ``out``);
     returns the model card. Load it with :func:`dlrover_core.training.load_exported`."""
-    from dlrover_core.training.export import export_model
+    from dlrover_core.runtime.export import export_run
 
-    return export_model(run_dir, out)
+    return export_run(run_dir, out)
 
 
 def read_plan_file(path: Path) -> Any:

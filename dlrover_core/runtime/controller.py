@@ -33,9 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -64,11 +62,12 @@ from dlrover_core.runtime.files import (
     is_disk_full,
 )
 from dlrover_core.runtime.nodes import Node, NodeKey
-from dlrover_core.runtime.report import TIMELINE_FILE
+from dlrover_core.runtime.observe import append_timeline, measure_ps, speed_sample
+from dlrover_core.runtime.run_dir import ADDR_FILE, SPEC_FILE, check_runnable, install_stop_signals
 from dlrover_core.runtime.service import serve_master
-from dlrover_core.runtime.state import STATE_FILE, MasterState, NodeRecord
+from dlrover_core.runtime.state import MasterState, NodeRecord
 from dlrover_core.runtime.strategies.base import NodeCommand, Strategy
-from dlrover_core.spec import JobSpec, parse_spec, spec_to_dict
+from dlrover_core.spec import JobSpec, spec_to_dict
 from dlrover_core.types import (
     HistoryRecord,
     NodeResources,
@@ -83,14 +82,6 @@ _T = TypeVar("_T")
 STOP_DRAIN_S = 10.0
 """A clean stop waits this long at most for the shards in flight (then checkpoints)."""
 log = logging.getLogger("dlrover_rm.master")
-
-SPEC_FILE = "spec.json"
-ADDR_FILE = "master.addr"
-FINISHED_STATES = frozenset({"succeeded"})
-
-
-class RunFinishedError(InputError):
-    """``train`` on a run directory whose job already finished."""
 
 
 def _python() -> list[str]:
@@ -181,39 +172,6 @@ class JobMaster:
         """The plan in force (the first one is adopted before any node starts)."""
         assert self.plan is not None, "the job master has no plan yet"
         return self.plan
-
-    # --- checks before anything is written ----------------------------------------------------
-    def _check_runnable(self) -> None:
-        if self.spec.strategy != self.strategy.name:
-            raise InputError(
-                f"strategy {self.spec.strategy!r} needs its own job master; this one runs "
-                f"strategy {self.strategy.name!r} (use dlrover_core.runtime.job.train)"
-            )
-        state_path = self.run_dir / STATE_FILE
-        if state_path.exists():
-            d = MasterState.read(state_path)
-            if d.get("job_state") in FINISHED_STATES:
-                raise RunFinishedError(
-                    f"the job in {self.run_dir} already finished ({d.get('job_state')}); its "
-                    f"report is {self.run_dir / 'report.json'}. Nothing was changed: train in a "
-                    "new run directory to train again"
-                )
-        spec_path = self.run_dir / SPEC_FILE
-        if spec_path.exists():
-            try:
-                stored = parse_spec(json.loads(spec_path.read_text()), source=str(spec_path))
-            except (OSError, ValueError) as e:
-                raise InputError(
-                    f"{spec_path} is unreadable ({e}); restore it or start in a new run directory"
-                ) from None
-            if spec_to_dict(stored) != spec_to_dict(self.spec):
-                a, b = spec_to_dict(stored), spec_to_dict(self.spec)
-                diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-                raise InputError(
-                    f"{self.run_dir} holds a job with another spec (differs in: "
-                    f"{', '.join(diff)}); resume it with the same spec, or train in a new run "
-                    "directory. Nothing was changed"
-                )
 
     # --- set-up ----------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -401,37 +359,6 @@ class JobMaster:
         """Execute the difference between the current plan and ``new`` (the strategy's job)."""
         self.strategy.apply(new)
 
-    def apply_workers(self, old: ResourcePlan, new: ResourcePlan) -> None:
-        """The workers' part of a plan change, one node per worker: start the missing, resize
-        in place (CPU only) or relaunch the changed, ask the surplus to finish their shard."""
-        for i in range(new.workers.count):
-            want = new.node_resources(Role.WORKER, i)
-            n = self.nodes.get((Role.WORKER, i))
-            relaunch = any(
-                o.role is Role.WORKER
-                and o.node_id == i
-                and o.action == "relaunch"
-                and o not in old.overrides
-                for o in new.overrides
-            )
-            if n is None or n.handle is None:
-                self.start_worker(i, want)
-            elif n.resources != want or relaunch:
-                if (
-                    not relaunch
-                    and want.memory_mib == n.resources.memory_mib
-                    and self.backend.resize(n.handle, want)
-                ):
-                    self.resized(n, want)
-                    continue
-                self.start_worker(i, want)
-        for i in range(new.workers.count, old.workers.count):
-            n = self.nodes.get((Role.WORKER, i))
-            if n is not None and n.handle is not None and n.stopping_mono is None:
-                self.st.request_stop(i)
-                n.stopping_mono = self.mono()
-                self.event(n.handle, "ScalingDown", f"{n.name}: asked to finish its shard")
-
     def resized(self, n: Node, want: NodeResources) -> None:
         """The backend resized ``n`` in place: record it (same incarnation) and follow it."""
         assert self.state is not None
@@ -550,22 +477,10 @@ class JobMaster:
     def _allocated(self) -> dict[NodeKey, NodeResources]:
         return {k: n.resources for k, n in self.nodes.items() if n.handle is not None}
 
-    def _measure_ps(self) -> None:
-        """PS CPU and memory through the backend (their rows come with their heartbeats)."""
-        assert self.state is not None
-        for (role, node_id), n in self.nodes.items():
-            if role is not Role.PS or n.handle is None:
-                continue
-            u = self.backend.usage(n.handle)
-            if u is not None:
-                self.state.record_node_stats(
-                    Role.PS, node_id, {"cpu_percent": u.cpu_percent, "rss_mib": u.rss_mib}
-                )
-
     def _observe(self) -> Observation:
         assert self.state is not None and self.plan is not None
         now = self.clock()
-        self._measure_ps()
+        measure_ps(self.nodes, self.backend, self.st)
         obs = self.state.observation(now, self._allocated())
         self.observations.append(obs)
         del self.observations[:-200]
@@ -579,40 +494,10 @@ class JobMaster:
             and now - self._last_sample_s >= stable_s
             and obs.throughput_sps > 0
         ):
-            w, p = self.plan.workers, self.plan.ps
-            self.samples.append(
-                Sample(
-                    workers=w.count,
-                    ps=p.count,
-                    worker_cpu_cores=w.resources.cpu_cores,
-                    ps_cpu_cores=p.resources.cpu_cores,
-                    throughput_sps=obs.throughput_sps,
-                    batch_size=self.spec.training.batch_size,
-                    worker_memory_mib=max((n.memory_used_mib for n in running), default=None),
-                    ps_memory_mib=max((n.memory_used_mib for n in obs.of(Role.PS)), default=None),
-                    ps_cpu_util=max((n.cpu_util for n in obs.of(Role.PS)), default=None),
-                    worker_cpu_util=sum(n.cpu_util for n in running) / len(running),
-                    timestamp_s=now,
-                )
-            )
+            self.samples.append(speed_sample(self.spec, self.plan, obs, now))
             self._last_sample_s = now
-        self._timeline(obs)
+        append_timeline(self.run_dir, obs)
         return obs
-
-    def _timeline(self, obs: Observation) -> None:
-        rec = {
-            "t": obs.time_s,
-            "throughput_sps": obs.throughput_sps,
-            "samples_done": obs.samples_done,
-            "alloc_cpu_m": sum(n.allocated.cpu_millicores for n in obs.nodes),
-            "alloc_mem_mib": sum(n.allocated.memory_mib for n in obs.nodes),
-            "used_cpu_m": sum(n.cpu_used_millicores for n in obs.nodes),
-            "used_mem_mib": sum(n.memory_used_mib for n in obs.nodes),
-            "workers": len(obs.of(Role.WORKER)),
-            "ps": len(obs.of(Role.PS)),
-        }
-        with open(self.run_dir / TIMELINE_FILE, "a") as f:
-            f.write(json.dumps(rec) + "\n")
 
     def replan(self) -> None:
         """The strategy's decision (stage 2 and 3), applied when it differs and fits."""
@@ -651,7 +536,12 @@ class JobMaster:
     def run(self) -> dict[str, Any]:
         """Run the job to its end; returns the report (also written to the run directory).
         Raises (before anything is written) when the run directory cannot be taken."""
-        self._check_runnable()
+        if self.spec.strategy != self.strategy.name:
+            raise InputError(
+                f"spec.strategy {self.spec.strategy!r} is not the strategy this job master "
+                f"holds ({self.strategy.name!r}); let strategies.strategy_for pick it"
+            )
+        check_runnable(self.spec, self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         holder = self.lease.acquire()
         if holder is not None:
@@ -659,7 +549,7 @@ class JobMaster:
                 f"{self.run_dir} is being trained by another master ({holder}); wait for it "
                 f"(`dlrover-rm status --run-dir {self.run_dir}`) or train in a new run directory"
             )
-        restore = self._install_signals()
+        restore = install_stop_signals(self._on_stop_signal)
         try:
             try:
                 self._prepare()
@@ -680,30 +570,14 @@ class JobMaster:
             self.lease.release()
 
     def _describe(self, e: BaseException) -> str:
-        if is_disk_full(e) or "disk is full" in str(e) or "No space left" in str(e):
+        if is_disk_full(e):
             return f"disk full: {e}; free space under {self.run_dir} and resume the job"
         if isinstance(e, DLRoverError):
             return " ".join(str(e).split())
         return f"internal error: {type(e).__name__}: {e}"
 
-    def _install_signals(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        names: dict[int, str] = {
-            signal.SIGTERM: "terminated (SIGTERM)",
-            signal.SIGINT: "interrupted (SIGINT)",
-        }
-
-        def on_signal(signum: int, frame: Any) -> None:
-            self.stop_reason = self.stop_reason or names.get(signum, f"signal {signum}")
-
-        old = {s: signal.signal(s, on_signal) for s in names}
-
-        def restore() -> None:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-        return restore
+    def _on_stop_signal(self, why: str) -> None:
+        self.stop_reason = self.stop_reason or why
 
     def _tick(self) -> bool:
         """One reconcile pass; True when the job is over (done, failed or stopped)."""
@@ -867,7 +741,7 @@ class JobMaster:
             # the last point (the final samples done): the job may have trained its end
             # between two observations, and evaluating takes seconds with none
             with contextlib.suppress(Exception):
-                self._timeline(st.observation(self.clock(), self._allocated()))
+                append_timeline(self.run_dir, st.observation(self.clock(), self._allocated()))
         if self.failure is None and self.stop_reason is not None and st is not None:
             t0 = self.mono()
             try:

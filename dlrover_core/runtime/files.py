@@ -80,8 +80,19 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
     atomic_write(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=False))
 
 
-def is_disk_full(e: BaseException) -> bool:
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+def is_disk_full(e: BaseException | None) -> bool:
+    """A write failed for want of space: ``ENOSPC``/``EDQUOT``, or SQLite's ``SQLITE_FULL``
+    (its errors carry no errno), here or in what caused it."""
+    import sqlite3
+
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 class DiskReserve:

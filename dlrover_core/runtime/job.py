@@ -405,11 +405,11 @@ def gate_model(
 def export_after_train(report: dict[str, Any], run_dir: Path, out: Path) -> None:
     """Export the model of a successful run into ``out``; a failed export is reported (the
     run itself succeeded: ``dlrover-rm export`` can be retried on its run directory)."""
-    from dlrover_core.training.export import export_model
+    from dlrover_core.runtime.export import export_run
 
     report["model_dir"] = None
     try:
-        card = export_model(run_dir, out)
+        card = export_run(run_dir, out)
     except DLRoverError as e:
         log.error("model export failed: %s", e)
         report["export_error"] = str(e)

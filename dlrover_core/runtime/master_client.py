@@ -14,6 +14,7 @@ with the same identity, keeping its doing shards.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,8 @@ from dlrover_core.runtime.shards import Shard
 from dlrover_core.runtime.state import ACTION_REGISTER
 from dlrover_core.runtime.wire import Client, Message
 from dlrover_core.types import Role
+
+log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -44,6 +47,13 @@ class MasterRejectedError(DLRoverError):
     def __init__(self, message: str, code: grpc.StatusCode) -> None:
         super().__init__(message)
         self.code = code
+
+    @property
+    def superseded(self) -> bool:
+        """A newer incarnation of this node (or PS set) exists: this process should exit."""
+        from dlrover_core.runtime.state import SUPERSEDED_CODE
+
+        return self.code is SUPERSEDED_CODE
 
 
 @dataclass(frozen=True)
@@ -298,6 +308,33 @@ class MasterClient:
             role, node_id, _, _ = self._need_identity()
             msg = self._call("ReportMetrics", {"role": role.value, "node_id": node_id, **fields})
             return int(msg.get("global_step", 0))
+
+    def report_event(
+        self,
+        role: Role | str,
+        node_id: int,
+        incarnation: int,
+        event: str,
+        said: str | None = None,
+        *,
+        timeout_s: float = 5.0,
+    ) -> bool:
+        """A fact about this node (``warm``, ``failed``, ``disk_full``; see
+        ``node_record.EVENTS``), before or after it registered. Best effort: one try of at
+        most ``timeout_s`` (a node about to exit does not wait out the retry window); False
+        when it did not reach the master or was not recorded."""
+        fields: dict[str, Any] = {"role": Role(role).value, "node_id": node_id,
+                                  "incarnation": incarnation, "event": event}  # fmt: skip
+        if said:
+            fields["said"] = said
+        client = Client(self.address, MASTER_SERVICE, self._token, timeout_s)
+        try:
+            return bool(client.call("ReportEvent", fields).get("recorded"))
+        except Exception as e:  # best effort by contract: the exit code still tells
+            log.debug("event %s not reported: %s", event, e)
+            return False
+        finally:
+            client.close()
 
     def get_ps_set(self) -> tuple[tuple[str, ...], int]:
         msg = self._call("GetPSSet", {})

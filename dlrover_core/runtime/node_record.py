@@ -15,6 +15,12 @@ _CPU_HISTORY = 12
 
 NodeKey = tuple[Role, int]
 
+EVENTS = frozenset({"warm", "failed", "disk_full"})
+"""What a node reports of itself through the master service (``ReportEvent``), as facts the
+master acts on: ``warm`` (its imports are done: a pre-warmed rank can take over), ``failed``
+(it is about to exit on an error it names in one line), ``disk_full`` (a write failed for
+want of space)."""
+
 
 def node_name(role: Role | str, node_id: int) -> str:
     return f"{Role(role).value}-{node_id}"
@@ -43,6 +49,8 @@ class NodeRecord:
     restore_handled: bool = False  # the shards its restore lost were re-queued (once)
     relaunches: dict[str, int] = field(default_factory=dict)  # per exit class
     resources: dict[str, int] | None = None  # as launched
+    events: dict[str, float] = field(default_factory=dict)  # this incarnation's: kind -> time
+    said: str | None = None  # the node's own one-line reason (with ``failed``/``disk_full``)
     # monotonic seconds, never persisted
     launched_mono: float | None = None
     last_heartbeat_s: float | None = None
@@ -82,6 +90,8 @@ class NodeRecord:
             "restore_handled": self.restore_handled,
             "relaunches": dict(self.relaunches),
             "resources": self.resources,
+            "events": dict(self.events),
+            "said": self.said,
         }
 
     @classmethod
@@ -103,4 +113,6 @@ class NodeRecord:
             restore_handled=bool(d.get("restore_handled", False)),
             relaunches={str(k): int(v) for k, v in dict(d.get("relaunches") or {}).items()},
             resources=d.get("resources"),
+            events={str(k): float(v) for k, v in dict(d.get("events") or {}).items()},
+            said=d.get("said"),
         )

@@ -6,7 +6,7 @@ logged on the server; never a traceback.
 
 ``Register(role, node_id, pid, incarnation, [address, generation, restored_seq])`` ->
     ``{ok, ps_addresses, ps_version, config, done_seq}``. ``incarnation`` counts launches of
-    this node (0 = first); an older one than the master's is refused (FAILED_PRECONDITION:
+    this node (0 = first); an older one than the master's is refused (ABORTED:
     superseded). A PS sends the ``address`` it serves on, its set ``generation`` and the
     ``restored_seq`` tag of the state it restored (-1: empty).
 ``Heartbeat(role, node_id, incarnation, cpu_percent, rss_mib, step, samples_per_s, [rows,
@@ -15,11 +15,14 @@ logged on the server; never a traceback.
     marked finished), ``"register"`` (this master does not know the node), or ``""``.
 ``GetShard(worker_id, incarnation, [held])`` -> ``{shard_id, epoch, start, end, attempt}``, or
     ``{wait: true}``, ``{done: true, failed}``, ``{stop: true}``; a superseded incarnation is
-    refused (FAILED_PRECONDITION).
+    refused (ABORTED).
 ``ShardDone(worker_id, incarnation, shard_id, samples, loss, [attempt])`` -> ``{ok, counted}``;
     a superseded incarnation is refused.
 ``ReportMetrics(role, node_id, [global_step, step, samples, samples_per_s, window_s, ...])``
     -> ``{ok, global_step}``
+``ReportEvent(role, node_id, incarnation, event, [said])`` -> ``{ok, recorded}``: a node's fact
+    about itself (``warm``, ``failed`` with its one-line reason, ``disk_full``); one of a
+    superseded incarnation is not recorded.
 ``GetPSSet()`` -> ``{ps_addresses, ps_version}``
 ``Status()`` -> the JSON of :meth:`MasterState.status`.
 """
@@ -145,6 +148,17 @@ def master_handlers(state: MasterState) -> dict[str, Handler]:
         gs = state.report_metrics(_role(msg), _int(msg, "node_id"), _numbers(msg))
         return {"ok": True, "global_step": gs}
 
+    def report_event(msg: Message) -> dict[str, Any]:
+        said = msg.get("said")
+        recorded = state.record_event(
+            _role(msg),
+            _int(msg, "node_id"),
+            _int(msg, "incarnation", 0),
+            str(msg.get("event")),
+            None if said is None else str(said),
+        )
+        return {"ok": True, "recorded": recorded}
+
     def get_ps_set(msg: Message) -> dict[str, Any]:
         addresses, version = state.ps_set()
         return {"ps_addresses": addresses, "ps_version": version}
@@ -158,6 +172,7 @@ def master_handlers(state: MasterState) -> dict[str, Handler]:
         "GetShard": get_shard,
         "ShardDone": shard_done,
         "ReportMetrics": report_metrics,
+        "ReportEvent": report_event,
         "GetPSSet": get_ps_set,
         "Status": status,
     }

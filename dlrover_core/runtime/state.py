@@ -44,7 +44,7 @@ import grpc
 from dlrover_core.errors import InputError
 from dlrover_core.faults.health import HangPolicy, HeartbeatPolicy
 from dlrover_core.runtime.files import atomic_write_json
-from dlrover_core.runtime.node_record import NodeKey, NodeRecord, node_name
+from dlrover_core.runtime.node_record import EVENTS, NodeKey, NodeRecord, node_name
 from dlrover_core.runtime.shards import ShardQueue
 from dlrover_core.runtime.wire import RpcError
 from dlrover_core.types import (
@@ -65,6 +65,9 @@ ACTION_STOP = "stop"
 ACTION_REGISTER = "register"
 
 SUPERSEDED = "superseded"
+SUPERSEDED_CODE = grpc.StatusCode.ABORTED
+"""The status a superseded node's call is refused with: a fact its client reads (never the
+message's words)."""
 
 _FINISHED = frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.DELETED})
 _LOG_LEN = 10_000
@@ -272,6 +275,7 @@ class MasterState:
             if incarnation != rec.incarnation and rec.role is Role.WORKER:
                 self.shards.release_worker(node_id, f"{rec.name} relaunched")
             if incarnation != rec.incarnation or not ref:
+                rec.events, rec.said = {}, None
                 rec.registered_at_s = None
                 rec.address = None
                 rec.pid = None
@@ -289,6 +293,25 @@ class MasterState:
             rec.cpu_percent_history.clear()
             self._set_state(rec, NodeState.PENDING, now)
             self._persist()
+
+    def record_event(
+        self, role: Role, node_id: int, incarnation: int, kind: str, said: str | None = None
+    ) -> bool:
+        """A node's report of itself (``node_record.EVENTS``); one of an older incarnation
+        is ignored (False)."""
+        if kind not in EVENTS:
+            raise RpcError(
+                f"event={kind!r}: send one of {sorted(EVENTS)}", grpc.StatusCode.INVALID_ARGUMENT
+            )
+        with self._lock:
+            rec = self.nodes.get((Role(role), node_id))
+            if rec is None or incarnation != rec.incarnation:
+                return False
+            rec.events[kind] = self._clock()
+            if said:
+                rec.said = " ".join(str(said).split())[:500]
+            self._persist()
+            return True
 
     def record_resize(self, role: Role, node_id: int, resources: NodeResources) -> None:
         """The node's resources changed in place (same process, same incarnation): its state,
@@ -318,13 +341,13 @@ class MasterState:
                 raise RpcError(
                     f"{rec.name} incarnation {incarnation} is {SUPERSEDED} by incarnation "
                     f"{rec.incarnation}: this process should exit",
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                    SUPERSEDED_CODE,
                 )
             if role is Role.PS and generation is not None and generation != rec.generation:
                 raise RpcError(
                     f"{rec.name} of PS generation {generation} is {SUPERSEDED} by generation "
                     f"{rec.generation}: this process should exit",
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                    SUPERSEDED_CODE,
                 )
             new_process = rec.registered_at_s is not None and (
                 incarnation != rec.incarnation or (pid is not None and pid != rec.pid)
@@ -591,7 +614,7 @@ class MasterState:
             raise RpcError(
                 f"{rec.name} incarnation {incarnation} is {SUPERSEDED} by incarnation "
                 f"{rec.incarnation}: this process should exit",
-                grpc.StatusCode.FAILED_PRECONDITION,
+                SUPERSEDED_CODE,
             )
 
     def get_shard(

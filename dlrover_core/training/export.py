@@ -1,10 +1,9 @@
 """Model export: a trained run directory -> files a torch/torchrec user loads without this runtime.
 
-``export_model(run_dir, out)`` reads the final checkpoints of the run (an all-reduce run: its
-latest complete DCP checkpoint, every table in full, addressed ``raw_id % rows``; a PS run:
-read-only, through :mod:`dlrover_core.runtime.strategies.ps.checkpoint`'s load API; the
-layout the master writes is ``RUN/ps/gen-N/ps-I/ckpt-*.{npz,json}``, the active generation
-``N`` in ``master.json``'s ``generations``) and writes into ``out``:
+The run's strategy reads the model it trained (``Strategy.read_model``: an all-reduce run's
+latest complete DCP checkpoint, every table in full, addressed ``raw_id % rows``; a PS run's
+final checkpoints of its active set); :func:`write_export` (through
+``dlrover_core.runtime.export.export_run``) writes it into ``out``:
 
 ``model.pt``
     ``torch.save`` of a flat ``dict[str, Tensor]`` (loadable with ``weights_only=True``):
@@ -37,7 +36,6 @@ import json
 import logging
 import math
 import os
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,9 +62,6 @@ CARD_FILE = "model_card.json"
 FULL_TABLE_MAX_ROWS = 1 << 22
 """A static table up to this many rows is written in full; a bigger one is indexed."""
 
-_SET = re.compile(r"^gen-(\d+)$")
-_PS = re.compile(r"^ps-(\d+)$")
-
 
 class ExportError(DLRoverError):
     """A run directory cannot be exported (no checkpoint, a corrupt one, a spec mismatch)."""
@@ -89,69 +84,10 @@ def _read_json(path: Path, what: str) -> Any:
         raise ExportError(f"{path} ({what}) is unreadable: {e}") from None
 
 
-def _ps_set_dir(run_dir: Path) -> Path:
-    """The directory of the PS set the run ended with."""
-    root = run_dir / "ps"
-    sets = sorted(
-        (int(m.group(1)), p)
-        for p in (root.iterdir() if root.is_dir() else [])
-        if p.is_dir() and (m := _SET.match(p.name))
-    )
-    if not sets:
-        raise ExportError(
-            f"{str(run_dir)!r} holds no PS checkpoints (no ps/gen-N directory); export a run "
-            "that trained with the ps strategy"
-        )
-    try:
-        snap = json.loads((run_dir / "master.json").read_text(encoding="utf-8"))
-        active = [g for g in snap.get("generations", []) if g.get("state") == "active"]
-        current = int(active[-1]["id"]) if active else 0
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, KeyError):
-        current = 0
-    by_id = dict(sets)
-    return by_id.get(current, sets[-1][1])
-
-
-def _load_shards(set_dir: Path) -> tuple[list[Any], list[dict[str, Any]]]:
-    from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
-
-    dirs = sorted(
-        (int(m.group(1)), p) for p in set_dir.iterdir() if p.is_dir() and (m := _PS.match(p.name))
-    )
-    if not dirs:
-        raise ExportError(f"{set_dir} holds no ps-I checkpoint directory; nothing to export")
-    states, sources = [], []
-    for _, d in dirs:
-        try:
-            lc = ckpt.load_latest(d)
-        except ckpt.CheckpointError as e:
-            raise ExportError(f"cannot export: {e.message}", problems=e.problems) from None
-        if lc is None:
-            raise ExportError(f"{d} holds no checkpoint; the PS never saved its state")
-        states.append(lc.state)
-        sources.append(
-            {
-                "path": str(lc.info.path),
-                "step": lc.info.step,
-                "index": lc.info.index,
-                "num_ps": lc.info.num_ps,
-                "sha256": lc.info.sha256,
-            }
-        )
-    nums = {s.num_ps for s in states}
-    idx = sorted(s.index for s in states)
-    if len(nums) != 1 or idx != list(range(len(states))) or nums != {len(states)}:
-        raise ExportError(
-            f"the checkpoints in {set_dir} do not form one PS set (indexes {idx}, num_ps "
-            f"{sorted(nums)}); export needs the latest checkpoint of every PS of the set"
-        )
-    return states, sources
-
-
 # --- building the tensors ----------------------------------------------------------------------
 
 
-def _table_layout(spec: ModelSpec) -> list[dict[str, Any]]:
+def table_layout(spec: ModelSpec) -> list[dict[str, Any]]:
     out = []
     for t in spec.embedding_tables:
         ne = t.num_embeddings
@@ -166,99 +102,6 @@ def _table_layout(spec: ModelSpec) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _model_tensors(spec: JobSpec, states: Sequence[Any]) -> tuple[dict[str, torch.Tensor], list]:
-    layout = _table_layout(spec.model)
-    tensors: dict[str, torch.Tensor] = {}
-    for t in layout:
-        name, dim = t["name"], t["dim"]
-        parts = [s.tables[name] for s in states if name in s.tables]
-        ids = np.concatenate([p.ids for p in parts]) if parts else np.empty(0, np.int64)
-        w = np.concatenate([p.weights for p in parts]) if parts else np.empty((0, dim), np.float32)
-        if w.shape[1:] != (dim,):
-            raise ExportError(
-                f"table {name!r} has dim {w.shape[1] if w.ndim == 2 else '?'} in the checkpoints "
-                f"but {dim} in the spec; export the run with the spec it trained with"
-            )
-        uniq, first = np.unique(ids, return_index=True)
-        ids, w = uniq, w[first]  # the PS partition is disjoint; guard anyway
-        if t["layout"] == "full":
-            rows = int(t["num_embeddings"])
-            if ids.size and (ids[0] < 0 or ids[-1] >= rows):
-                raise ExportError(
-                    f"table {name!r} holds ids outside 0..{rows - 1}; the run's spec and "
-                    "checkpoints disagree"
-                )
-            full = np.zeros((rows, dim), np.float32)
-            full[ids] = w
-            weight = full
-        else:
-            weight = np.concatenate([w, np.zeros((1, dim), np.float32)])
-            tensors[f"index.{name}"] = torch.from_numpy(np.ascontiguousarray(ids, np.int64))
-        tensors[f"ebc.embedding_bags.{name}.weight"] = torch.from_numpy(
-            np.ascontiguousarray(weight, np.float32)
-        )
-        t["rows"] = int(weight.shape[0])
-        t["ids_trained"] = int(ids.size)
-    tower = DenseTower(spec.model)
-    dense: dict[str, Any] = {}
-    for s in states:
-        for k, d in s.dense.items():
-            dense.setdefault(k, d.weight)
-    sd = tower.state_dict()
-    missing = sorted(set(sd) - set(dense))
-    if missing:
-        raise ExportError(
-            f"the checkpoints hold no value for dense parameter(s) {missing[:3]}; export needs "
-            "the final checkpoint of every PS"
-        )
-    for k, v in sd.items():
-        tensors[f"tower.{k}"] = torch.from_numpy(
-            np.ascontiguousarray(np.asarray(dense[k], np.float32).reshape(tuple(v.shape)))
-        )
-    return tensors, layout
-
-
-def _allreduce_tensors(
-    spec: JobSpec, rd: Path
-) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The latest complete DCP checkpoint of an all-reduce run, in the export layout: every
-    table written in full, addressed ``raw_id % rows`` as the ranks trained it."""
-    from dlrover_core.runtime.strategies.allreduce.agent import CKPT_DIR
-    from dlrover_core.runtime.strategies.allreduce.checkpoint import (
-        CheckpointStore,
-        load_local_model,
-    )
-
-    root = rd / CKPT_DIR
-    latest = CheckpointStore(root).latest()
-    if latest is None:
-        raise ExportError(
-            f"no complete all-reduce checkpoint under {root}; resume the run to finish it"
-        )
-    try:
-        model = load_local_model(spec, latest.path)
-    except (RuntimeError, OSError, ValueError, KeyError) as e:
-        raise ExportError(f"the checkpoint {latest.path} cannot be loaded ({e})") from None
-    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    layout = []
-    for t, rows in zip(spec.model.embedding_tables, model.rows, strict=True):
-        layout.append(
-            {
-                "name": t.name,
-                "dim": spec.model.table_dim(t),
-                "num_embeddings": t.num_embeddings,
-                "modulo": int(rows),
-                "layout": "full",
-                "rows": int(rows),
-            }
-        )
-    m = latest.meta
-    sources = [
-        {"path": str(latest.path), "step": m.global_step, "seq": m.seq, "world_size": m.world_size}
-    ]
-    return tensors, layout, sources
 
 
 # --- the exported module -----------------------------------------------------------------------
@@ -409,22 +252,30 @@ def _lineage(rd: Path, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def export_model(
-    run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, evaluate: bool = True
-) -> dict[str, Any]:
-    """Export the model a run trained into ``out``; returns the model card (also written)."""
+def read_run_spec(run_dir: str | os.PathLike[str]) -> tuple[JobSpec, dict[str, Any]]:
+    """The spec a run trained with (``RUN/spec.json``), parsed, and as stored."""
     rd = Path(run_dir)
     if not rd.is_dir():
         raise InputError(f"run directory {str(rd)!r} does not exist; pass the --run-dir of a train")
     spec_data = _read_json(rd / "spec.json", "the job spec")
-    spec = parse_spec(spec_data, source=str(rd / "spec.json"))
+    return parse_spec(spec_data, source=str(rd / "spec.json")), spec_data
+
+
+def write_export(
+    run_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    trained: tuple[dict[str, torch.Tensor], list[dict[str, Any]], list[dict[str, Any]]],
+    *,
+    evaluate: bool = True,
+) -> dict[str, Any]:
+    """Write the model a run trained (``trained``: its tensors in the export layout, the
+    tables' layout and the checkpoints they came from, as its strategy reads them:
+    ``Strategy.read_model``) into ``out``; returns the model card (also written)."""
+    rd = Path(run_dir)
+    spec, spec_data = read_run_spec(rd)
     report_path = rd / "report.json"
     report = _read_json(report_path, "the run report") if report_path.exists() else None
-    if spec.strategy == "allreduce":
-        tensors, layout, sources = _allreduce_tensors(spec, rd)
-    else:
-        states, sources = _load_shards(_ps_set_dir(rd))
-        tensors, layout = _model_tensors(spec, states)
+    tensors, layout, sources = trained
 
     card: dict[str, Any] = {
         "format": FORMAT_VERSION,

@@ -93,28 +93,34 @@ def airflow(work: Path) -> None:
     cli_path(work)
 
 
-IMAGE_MODULES = [
-    "dlrover_rm.components.profile.component",
-    "dlrover_rm.components.plan.component",
-    "dlrover_rm.components.train.component",
-    # what the master and its nodes load on Kubernetes (submit, pods, the API client)
-    "dlrover_core.runtime.backends.kubernetes",
-    "dlrover_core.runtime.backends.kubernetes_api",
-    "dlrover_core.runtime.backends.kubernetes_pods",
-    "dlrover_core.runtime.backends.submit",
-    "dlrover_core.runtime.strategies.ps.server",
-    "dlrover_core.runtime.strategies.ps.worker",
-    "dlrover_core.runtime.strategies.allreduce.agent",
-    "dlrover_core.runtime.strategies.allreduce.master",
-    "dlrover_core.history.store",
-    "dlrover_core.training.export",
-    "kfp.kubernetes",
-    "pyarrow.parquet",  # the example pipeline's data step
-]
+# not the image's: the open-source DLRover (a simulator peer, the `oss` extra)
+NOT_IN_IMAGE = ("dlrover_core.sim.dlrover_oss",)
+
+
+def image_modules() -> list[str]:
+    """Every module of dlrover_core (the master and its nodes on Kubernetes, the components'
+    core) and of the KFP components, found by walking the installed packages."""
+    import pkgutil
+
+    import dlrover_core
+    import dlrover_rm.components
+
+    out = ["kfp.kubernetes", "pyarrow.parquet"]  # the example pipeline's k8s shape, data step
+    for pkg in (dlrover_core, dlrover_rm.components):
+        for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            name = m.name
+            if name.startswith(NOT_IN_IMAGE) or ".test_" in name or name.endswith("conftest"):
+                continue
+            if ".migrations." in name:  # alembic loads these itself (env.py needs its context)
+                continue
+            out.append(name)
+    return out
 
 
 def image(work: Path) -> None:
-    for m in IMAGE_MODULES:
+    modules = image_modules()
+    assert len(modules) > 60, modules
+    for m in modules:
         importlib.import_module(m)
     sys.path.insert(0, str(REPO))
     pipeline = importlib.import_module("pipelines.kfp_recurring_retrain")

@@ -438,3 +438,57 @@ def test_sigkill_the_master_process_mid_job(tmp_path: Path) -> None:
             c.close()
         master.kill()
         master.wait(timeout=10)
+
+
+def test_nodes_report_facts_not_log_lines(tmp_path: Path) -> None:
+    """Typed facts through the master service: a superseded node is told by a status code
+    (not words), and a node's warm-up, failure reason and full disk are recorded for its
+    current incarnation only, kept across a master restart, cleared by its next launch."""
+    token = create_token(tmp_path)
+    state = make_state(tmp_path)
+    state.record_launch(W, 4, 1, NodeResources(1000, 1024))
+    server, port = serve_master(state, token)
+    try:
+        with MasterClient(f"127.0.0.1:{port}", token) as c:
+            assert c.report_event(W, 4, 1, "warm")
+            assert not c.report_event(W, 4, 0, "failed", "an older incarnation")
+            assert c.report_event(W, 4, 1, "failed", "rank 0: table t0 has  no\nrows")
+            assert not c.report_event(W, 4, 1, "exploded")  # not a known fact: refused
+            c.register("worker", 4, incarnation=1)
+        with MasterClient(f"127.0.0.1:{port}", token) as old:
+            with pytest.raises(MasterRejectedError) as e:
+                old.register("worker", 4, incarnation=0)
+            assert e.value.superseded and e.value.code is not grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        server.stop(0)
+    rec = state.node(W, 4)
+    assert rec is not None and set(rec.events) == {"warm", "failed"}
+    assert rec.said == "rank 0: table t0 has no rows"
+    state.close()
+    again = make_state(tmp_path)  # a restarted master reads them back
+    rec = again.node(W, 4)
+    assert rec is not None and "warm" in rec.events and rec.said
+    again.record_launch(W, 4, 2, NodeResources(1000, 1024))
+    rec = again.node(W, 4)
+    assert rec is not None and rec.events == {} and rec.said is None
+    again.close()
+
+
+def test_disk_full_is_a_fact_of_the_error_not_of_its_words() -> None:
+    import errno
+    import sqlite3
+
+    from dlrover_core.runtime.files import is_disk_full
+
+    assert is_disk_full(OSError(errno.ENOSPC, "x"))
+    full = sqlite3.connect(":memory:")
+    full.execute("PRAGMA max_page_count=1")
+    with pytest.raises(sqlite3.Error) as e:
+        full.execute("CREATE TABLE t (x)")
+        full.executemany("INSERT INTO t VALUES (?)", [("x" * 4000,)] * 10)
+    assert is_disk_full(e.value)
+    try:
+        raise RuntimeError("wrapped") from e.value
+    except RuntimeError as wrapped:
+        assert is_disk_full(wrapped)
+    assert not is_disk_full(RuntimeError("No space left on device"))  # words alone: no

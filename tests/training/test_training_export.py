@@ -13,10 +13,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrover_core import api
 from dlrover_core.cli import main
+from dlrover_core.runtime.export import export_run as export_model
 from dlrover_core.spec import load_spec
 from dlrover_core.training import load_exported
 from dlrover_core.training.data import from_spec
-from dlrover_core.training.export import ExportError, export_model
+from dlrover_core.training.export import ExportError
 from dlrover_core.training.metrics import auc, logloss
 from dlrover_core.training.model import to_kjt
 

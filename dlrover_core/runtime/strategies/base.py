@@ -13,7 +13,8 @@ it what differs between them:
 - what an exit means (:meth:`Strategy.on_exit`), the per-tick work (:meth:`Strategy.tick`: PS
   restores and PS-set changes, a resize's progress), whether a change is under way;
 - when the job is finished, how a clean stop keeps what a resume needs, what it adds to the
-  report, and how its trained model is evaluated;
+  report, how its trained model is evaluated and read for export (:meth:`Strategy.read_model`;
+  its run-directory layout is its own);
 - how it re-plans (:meth:`Strategy.replan`: the decision; the controller applies it).
 
 A strategy gets the controller in :meth:`Strategy.bind` and calls its public helpers
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dlrover_core.faults import ExitClass
@@ -34,6 +36,9 @@ from dlrover_core.types import ResourcePlan, Role
 
 if TYPE_CHECKING:
     from dlrover_core.runtime.controller import JobMaster
+
+TrainedModel = tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]
+"""A run's trained model for export: tensors by key, the tables' layout, its checkpoints."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,12 @@ class Strategy(Protocol):
 
     def close(self) -> None:
         """The job is over (every node stopped): release what :meth:`prepare` took."""
+        ...
+
+    def read_model(self, spec: JobSpec, run_dir: Path) -> TrainedModel:
+        """The model the run in ``run_dir`` trained, for export: its tensors in the export
+        layout (:mod:`dlrover_core.training.export`), the tables' layout, the checkpoints it
+        came from. Raises ``ExportError`` when there is none to read."""
         ...
 
     def evaluate(self, spec: JobSpec, ps_addresses: Sequence[str], token: str) -> float | None:

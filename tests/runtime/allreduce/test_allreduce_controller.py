@@ -19,12 +19,12 @@ from typing import Any
 import psutil
 import pytest
 
+from dlrover_core.allreduce_config import AllReduceOptions
 from dlrover_core.runtime.backends.local import LocalBackend
 from dlrover_core.runtime.controller import JobMaster
 from dlrover_core.runtime.job import train
 from dlrover_core.runtime.strategies.allreduce.agent import CKPT_DIR, DELAY_ENV
 from dlrover_core.runtime.strategies.allreduce.checkpoint import CheckpointStore
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions
 from dlrover_core.runtime.strategies.allreduce.strategy import AllReduceStrategy
 from dlrover_core.spec import load_spec
 from dlrover_core.training.export import load_exported

@@ -31,6 +31,7 @@ def make_master(
     identity: str = "master-0",
     lease_s: float = 6.0,
     on_tick: Callable[[JobMaster], None] | None = None,
+    strategy: Any = None,
 ) -> JobMaster:
     cfg = k8s.Configuration()
     cfg.host = api_url
@@ -62,6 +63,7 @@ def make_master(
         lease=lease,
         on_tick=on_tick,
         tick_s=0.2,
+        strategy=strategy,
     )
 
 

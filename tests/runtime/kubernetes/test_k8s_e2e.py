@@ -252,6 +252,67 @@ def test_small_allreduce_trains_through_kubernetes_rank_pod_deleted(
     assert live == [], f"pods outlived the job: {live}"
 
 
+def test_allreduce_resize_through_kubernetes_follows_the_ranks_warm_event(
+    apiserver: ApiServerThread, tmp_path: Path
+) -> None:
+    """A resize 1 -> 2 ranks on pods: the new group is pre-warmed and the old one asked to
+    stop once the new ranks report ``warm`` through the master service (pods share no log
+    file with the master: the event, not a log line, is what it waits for), well before the
+    warm wait runs out; exactly once, no pod left. The pre-warm wait and the downtime are in
+    the report (resize_prewarm_s, resize_downtimes_s)."""
+    from dlrover_core.allreduce_config import AllReduceOptions
+    from dlrover_core.runtime.strategies.allreduce.strategy import AllReduceStrategy
+
+    spec = load_spec(
+        str(ROOT / "pipelines" / "specs" / "small-allreduce.yaml"),
+        ["data.rows=600000", "allreduce.checkpoint_interval_s=1",
+         "pacing.heartbeat_interval_s=0.5", *SLACK],
+    )  # fmt: skip
+    one = ResourcePlan(
+        RolePlan(1, NodeResources(1000, 1536)), RolePlan(0, NodeResources(0, 0)),
+        Stage.COLD_START, ("test plan: 1 rank",),
+    )  # fmt: skip
+    two = one.replace(workers=RolePlan(2, NodeResources(1000, 1536)), reasons=("test: 2",))
+    warm_wait_s = 200.0  # far longer than importing torch takes: the event must end it
+    asked: list[float] = []
+    deadline = time.monotonic() + 480
+    with KubeletStandIn(apiserver.client(), NAMESPACE, tmp_path / "node") as kubelet:
+        state_dir = kubelet.root / "pvc" / "state"
+        state_dir.mkdir(parents=True)
+        strategy = AllReduceStrategy.for_run(
+            state_dir / "runs" / spec.name,
+            AllReduceOptions.from_spec(spec),
+            warm_wait_s=warm_wait_s,
+        )
+
+        stopped: list[float] = []
+
+        def on_tick(m: JobMaster) -> None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the job did not finish in time")
+            q = m.st.shards
+            if not asked and q.samples_done >= 0.1 * q.samples_total and not m.changing():
+                asked.append(time.monotonic())
+                m.apply(two)
+            r = strategy._resize
+            if asked and not stopped and r is not None and r.stop_mono is not None:
+                stopped.append(time.monotonic())  # the old group was asked to stop
+
+        m = make_master(
+            spec, apiserver.url, NAMESPACE, state_dir, plan=one, on_tick=on_tick,
+            strategy=strategy,
+        )  # fmt: skip
+        report = m.run()
+        assert kubelet.errors == []
+    assert asked and stopped, "the resize was never asked for, or never went on"
+    waited, down = stopped[0] - asked[0], report.get("resize_downtimes_s")
+    print(f"k8s all-reduce resize: pre-warm wait {waited:.1f} s, downtime {down} s")
+    fk.check_exactly_once(report)
+    assert waited < warm_wait_s / 2, f"waited {waited:.0f} s: no warm event came"
+    assert report.get("resize_prewarm_s") and down, report
+    assert _live_pods(apiserver) == []
+
+
 def _live_pods(apiserver: ApiServerThread) -> list[str]:
     return [
         p["metadata"]["name"]

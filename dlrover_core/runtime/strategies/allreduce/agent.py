@@ -77,10 +77,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
-
+from dlrover_core.allreduce_config import AllReduceOptions, validate_allreduce
 from dlrover_core.errors import DLRoverError
 from dlrover_core.runtime import wire
+from dlrover_core.runtime.files import is_disk_full
 from dlrover_core.runtime.master_client import (
     MasterClient,
     MasterRejectedError,
@@ -94,7 +94,6 @@ from dlrover_core.runtime.strategies.allreduce.checkpoint import (
     load_into,
     save_collective,
 )
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, validate_allreduce
 from dlrover_core.spec import JobSpec, load_spec
 from dlrover_core.types import Role
 from dlrover_core.units import mib_from_bytes
@@ -244,6 +243,17 @@ class RankAgent:
             **extra,
         }
         print(EVENT_PREFIX + json.dumps(line), flush=True)
+        if name == "warm" and self._client is not None:  # the fact the master acts on
+            a = self.args
+            self._client.report_event(Role.WORKER, a.node_id, a.incarnation, "warm")
+
+    def _fail(self, message: str, kind: str = "failed") -> None:
+        """The one-line reason on stderr, and to the master as a fact (``failed``, or
+        ``disk_full``), before this rank exits on it."""
+        _one_line(message)
+        if self._client is not None:
+            a = self.args
+            self._client.report_event(Role.WORKER, a.node_id, a.incarnation, kind, message)
 
     @property
     def spec(self) -> JobSpec:
@@ -336,7 +346,7 @@ class RankAgent:
                 _one_line(f"rank {self.args.rank}: {e}")
                 os._exit(EXIT_UNAVAILABLE)  # a collective may hold the main thread
             except MasterRejectedError as e:
-                if e.code is grpc.StatusCode.FAILED_PRECONDITION:  # superseded
+                if e.superseded:
                     self._stop.set()
                 else:
                     log.warning("heartbeat refused: %s", e)
@@ -381,17 +391,22 @@ class RankAgent:
             return self._run()
         except _PeerLost as e:
             self.exit_reason = f"peer lost: {e}"
-            _one_line(f"rank {self.args.rank} (generation {self.args.generation}): {e}")
+            self._fail(f"rank {self.args.rank} (generation {self.args.generation}): {e}")
             self._event("exit", code=EXIT_PEER_LOST, reason="peer lost")
             os._exit(EXIT_PEER_LOST)  # the process group cannot be torn down cleanly now
         except MasterUnavailableError as e:
             _one_line(f"rank {self.args.rank}: {e}")
             os._exit(EXIT_UNAVAILABLE)
         except TimeoutError as e:
-            _one_line(f"rank {self.args.rank}: {e}")
+            self._fail(f"rank {self.args.rank}: {e}")
             return EXIT_NOT_RELEASED
         except DLRoverError as e:
-            _one_line(f"rank {self.args.rank}: {e}")
+            self._fail(f"rank {self.args.rank}: {e}")
+            return EXIT_FATAL
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            self._fail(f"rank {self.args.rank}: disk full: {e}", "disk_full")
             return EXIT_FATAL
         finally:
             self._closing.set()

@@ -28,7 +28,6 @@ the lease, write-ahead state, liveness, the shard queue, the report. What this s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dlrover_core.allreduce_config import AllReduceOptions, validate_allreduce
 from dlrover_core.errors import DLRoverError, InputError
 from dlrover_core.faults import ExitClass
 from dlrover_core.planner.allreduce import (
@@ -54,9 +54,8 @@ from dlrover_core.runtime.backends.base import LOST_REASON, NodeExit
 from dlrover_core.runtime.nodes import Node
 from dlrover_core.runtime.state import GEN_ABORTED, GEN_ACTIVE, GEN_RETIRED, GEN_STARTING
 from dlrover_core.runtime.strategies.allreduce.agent import CKPT_DIR
-from dlrover_core.runtime.strategies.allreduce.config import AllReduceOptions, validate_allreduce
 from dlrover_core.runtime.strategies.allreduce.launch import RANK_ENV, read_exit
-from dlrover_core.runtime.strategies.base import NodeCommand
+from dlrover_core.runtime.strategies.base import NodeCommand, TrainedModel
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import NodeResources, NodeState, ResourcePlan, Role, RolePlan, Stage
 
@@ -103,6 +102,7 @@ class _Resize:
     new: int
     warm_deadline_mono: float
     stop_mono: float | None = None
+    started_mono: float = 0.0
 
 
 def _cuda_available() -> bool:
@@ -133,6 +133,7 @@ class AllReduceStrategy:
         self._resize: _Resize | None = None
         self._resize_cost = ResizeCost()
         self.resize_downtimes_s: list[float] = []
+        self.resize_prewarm_s: list[float] = []
         self._next_replan_mono = 0.0
         self._done_mono: float | None = None
         self._store: Any = None
@@ -187,6 +188,11 @@ class AllReduceStrategy:
         if cmd.after_generation is not None:
             argv += ["--after-generation", str(cmd.after_generation)]
         return argv + self.options.to_argv()
+
+    def read_model(self, spec: JobSpec, run_dir: Path) -> TrainedModel:
+        from dlrover_core.runtime.strategies.allreduce.model_out import read_model
+
+        return read_model(spec, run_dir)
 
     def evaluate(self, spec: JobSpec, ps_addresses: Sequence[str], token: str) -> float | None:
         from dlrover_core.runtime.strategies.allreduce.checkpoint import evaluate_checkpoint
@@ -430,18 +436,16 @@ class AllReduceStrategy:
         if cur is None:
             self._set_group_state(ng, GEN_ACTIVE)
             return
-        self._resize = _Resize(cur.gid, ng.gid, self.job.mono() + self.warm_wait_s)
+        now = self.job.mono()
+        self._resize = _Resize(cur.gid, ng.gid, now + self.warm_wait_s, started_mono=now)
 
     def _warm(self, g: _Group) -> bool:
-        """Every rank of ``g`` finished its imports (its ``warm`` event is in its log)."""
-        for node_id in g.node_ids:
-            path = self.job.run_dir / "logs" / f"worker-{node_id}.log"
-            try:
-                if '"event": "warm"' not in path.read_text(errors="replace"):
-                    return False
-            except OSError:
-                return False
-        return True
+        """Every rank of ``g`` reported ``warm`` (its imports are done) to the master."""
+        st = self.job.st
+        return all(
+            (rec := st.node(Role.WORKER, node_id)) is not None and "warm" in rec.events
+            for node_id in g.node_ids
+        )
 
     def _progress_resize(self) -> None:
         r = self._resize
@@ -457,6 +461,8 @@ class AllReduceStrategy:
                 return
             r.stop_mono = now
             old.stop_mono = now
+            # the new group's ranks reported warm (or the wait ran out): how long that took
+            self.resize_prewarm_s.append(now - r.started_mono)
             for node_id in old.node_ids:
                 n = self.job.nodes.get((Role.WORKER, node_id))
                 if n is not None and n.handle is not None:
@@ -569,17 +575,11 @@ class AllReduceStrategy:
         self._set_group_state(self._launch_group(self.job.current_plan, None), GEN_ACTIVE)
 
     def _rank_says(self, n: Node) -> str:
-        """The last line the rank wrote on stderr/stdout (its own one-line reason)."""
-        path = self.job.run_dir / "logs" / f"worker-{n.node_id}.log"
-        with contextlib.suppress(OSError):
-            lines = [
-                ln.strip()
-                for ln in path.read_text(errors="replace").splitlines()
-                if ln.strip() and not ln.startswith("ALLREDUCE-EVENT")
-            ]
-            if lines:
-                return lines[-1][:500]
-        return "see its log"
+        """The rank's own one-line reason, as it reported it (``ReportEvent``)."""
+        rec = self.job.st.node(Role.WORKER, n.node_id)
+        if rec is not None and rec.said:
+            return rec.said
+        return f"it said nothing; see its log ({n.name})"
 
     def _group_failed(self, g: _Group, n: Node, e: NodeExit, cls: ExitClass) -> None:
         code: int | None = e.exit_code if e.exit_code is not None else None
@@ -660,7 +660,10 @@ class AllReduceStrategy:
 
     def report(self) -> dict[str, Any]:
         d = self.resize_downtimes_s
-        return {"resize_downtimes_s": list(d)} if d else {}
+        out = {"resize_downtimes_s": list(d)} if d else {}
+        if self.resize_prewarm_s:
+            out["resize_prewarm_s"] = list(self.resize_prewarm_s)
+        return out
 
     def close(self) -> None:
         self._store = None  # the rendezvous store stops with the job

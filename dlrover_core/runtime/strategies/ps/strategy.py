@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlrover_core.faults import ExitClass
 from dlrover_core.runtime.backends.base import LOST_REASON, NodeExit
 from dlrover_core.runtime.nodes import Node
 from dlrover_core.runtime.state import GEN_ABORTED, GEN_ACTIVE, GEN_STARTING
-from dlrover_core.runtime.strategies.base import NodeCommand
+from dlrover_core.runtime.strategies.base import NodeCommand, TrainedModel
 from dlrover_core.runtime.strategies.ps.psset import PSSet
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import NodeOverride, NodeResources, NodeState, ResourcePlan, Role, Stage
@@ -84,6 +85,11 @@ class PSStrategy:
 
     def node_env(self, cores: int) -> dict[str, str]:
         return {}
+
+    def read_model(self, spec: JobSpec, run_dir: Path) -> TrainedModel:
+        from dlrover_core.runtime.strategies.ps.model_out import read_model
+
+        return read_model(spec, run_dir)
 
     def evaluate(self, spec: JobSpec, ps_addresses: Sequence[str], token: str) -> float | None:
         from dlrover_core.runtime.strategies.ps.client import PSClient
@@ -173,7 +179,39 @@ class PSStrategy:
         job.adopt_plan(new)
         if ps_changed and not self.psset.resize_in_place(old, new):
             self.psset.replace(new)
-        job.apply_workers(old, new)
+        self._apply_workers(old, new)
+
+    def _apply_workers(self, old: ResourcePlan, new: ResourcePlan) -> None:
+        """The workers' part of a plan change, one node per worker: start the missing, resize
+        in place (CPU only) or relaunch the changed, ask the surplus to finish their shard."""
+        job = self.job
+        for i in range(new.workers.count):
+            want = new.node_resources(Role.WORKER, i)
+            n = job.nodes.get((Role.WORKER, i))
+            relaunch = any(
+                o.role is Role.WORKER
+                and o.node_id == i
+                and o.action == "relaunch"
+                and o not in old.overrides
+                for o in new.overrides
+            )
+            if n is None or n.handle is None:
+                job.start_worker(i, want)
+            elif n.resources != want or relaunch:
+                if (
+                    not relaunch
+                    and want.memory_mib == n.resources.memory_mib
+                    and job.backend.resize(n.handle, want)
+                ):
+                    job.resized(n, want)
+                    continue
+                job.start_worker(i, want)
+        for i in range(new.workers.count, old.workers.count):
+            n = job.nodes.get((Role.WORKER, i))
+            if n is not None and n.handle is not None and n.stopping_mono is None:
+                job.st.request_stop(i)
+                n.stopping_mono = job.mono()
+                job.event(n.handle, "ScalingDown", f"{n.name}: asked to finish its shard")
 
     def on_exit(self, n: Node, e: NodeExit, cls: ExitClass) -> None:
         job, st = self.job, self.job.st

@@ -339,7 +339,7 @@ class Worker:
             self.exit_reason = "ps unavailable"
             return EXIT_UNAVAILABLE
         except MasterRejectedError as e:
-            if e.code is grpc.StatusCode.FAILED_PRECONDITION and "superseded" in str(e):
+            if e.superseded:
                 _one_line(f"worker {self.node_id}: {e}")
                 self.exit_reason = "superseded"
                 return EXIT_OK
