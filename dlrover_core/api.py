@@ -34,7 +34,7 @@ MASTER_RESOURCES = NodeResources(cpu_millicores=500, memory_mib=1024)
 SUBMITTER_RESOURCES = NodeResources(cpu_millicores=250, memory_mib=512)
 """A pipeline step that submits a job to Kubernetes and follows it (the master and the nodes
 run in pods of their own): the Kubernetes client polling, the log streamed, the report
-rendered. Measured: see notes/issue-11.md."""
+rendered. Measured: see docs/decisions.md, "Kubernetes"."""
 
 log = logging.getLogger(__name__)
 

@@ -92,7 +92,7 @@ def _cpu_values(rb: RoleBounds, current: int, allow: bool, levels: Sequence[int]
 
 # how far past the measured span a partial fit may extrapolate (× and ÷). 2.5, not 2: jobs
 # grew in ~×2 steps (8 -> 16 -> 28 -> 49 workers), each one more pause and re-plan interval;
-# the model's lower band still judges each move (issue 10, notes/issue-10.md session 8)
+# the model's lower band still judges each move (benchmarks/README.md, "PS memory rides along")
 SPAN_STRETCH = 2.5
 
 

@@ -113,7 +113,8 @@ def test_small_trains_through_kubernetes_worker_and_ps_pods_deleted(
     assert ("worker-0", "killed", "relaunch") in classes, classes
     assert ("ps-0", "killed", "relaunch") in classes, classes
     # the issue's "accuracy kept" bound; before the PS warmed the dense lr up
-    # (training.dense_warmup) one run in several lost its dense features (~0.67: notes/issue-12.md)
+    # (training.dense_warmup) one run in several lost its dense features (~0.67;
+    # docs/decisions.md, "PS data plane")
     assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
 
 
@@ -126,7 +127,8 @@ def test_small_trains_through_kubernetes_ps_oom_killed(
     classes = [(f["node"], f["exit_class"], f["action"]) for f in report["faults"]]
     assert ("ps-0", "oom", "relaunch") in classes, classes
     # the issue's "accuracy kept" bound; before the PS warmed the dense lr up
-    # (training.dense_warmup) one run in several lost its dense features (~0.67: notes/issue-12.md)
+    # (training.dense_warmup) one run in several lost its dense features (~0.67;
+    # docs/decisions.md, "PS data plane")
     assert report["auc"] is not None and report["auc"] > 0.7, report["auc"]
 
 

@@ -53,7 +53,8 @@ RANK_ENV: dict[str, str] = {
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     "PYTHONWARNINGS": "ignore",
     # OpenMP threads sleep instead of spinning when they wait: on a shared machine a spinning
-    # 2-thread rank ran 6-20x slower (836-2953 vs 16.6k samples/s, see notes/issue-9.md)
+    # 2-thread rank ran 6-20x slower (836-2953 vs 16.6k samples/s; docs/decisions.md,
+    # "All-reduce strategy")
     "OMP_WAIT_POLICY": "PASSIVE",
 }
 

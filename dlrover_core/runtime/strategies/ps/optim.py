@@ -24,7 +24,7 @@ those steps switch most of its 16 output units off within the first 1-3 updates
 (15 -> 6 alive in the single-process model). When all of them die the model never sees the dense
 features again: held-out AUC ~0.67 instead of ~0.78 on small.yaml, the "collapse" of a few runs
 in a hundred (more with stale gradients, which repeat those blind steps). A linear warm-up of
-the dense lr over the first updates keeps 8-16 of them alive (notes/issue-12.md).
+the dense lr over the first updates keeps 8-16 of them alive (docs/decisions.md, "PS data plane").
 """
 
 from __future__ import annotations

@@ -12,14 +12,14 @@ that read; a gradient with ``τ > 1`` is applied with ``lr / τ`` (staleness-awa
 Zhang et al., IJCAI 2016), one with ``τ ≤ 1`` or without ``dense_read`` exactly by torch's rule.
 Without it, dense parameters that lag ≥ 2 updates (two workers with prefetching lag about 3)
 sent Adagrad at lr 0.05 into a bad state in about half the runs (held-out AUC 0.67 instead of
-0.78, the same in a one-process torch simulation of the delay: notes/issue-12.md). Sparse rows
-are applied as they come: their staleness did not hurt.
+0.78, the same in a one-process torch simulation of the delay: docs/decisions.md, "PS data
+plane"). Sparse rows are applied as they come: their staleness did not hurt.
 
 Dense warm-up: a Step or PushDense may carry ``warmup`` = W (the worker sends
 ``training.dense_warmup``); dense update k of a parameter (its count, kept in checkpoints) then
 uses ``lr · min(1, k / W)`` for Adagrad and Adam (:meth:`.optim.OptimizerConfig.dense_lr`):
 their first updates are ±lr on every weight and switched all of DLRM's bottom-MLP outputs off
-in a few runs in a hundred (notes/issue-12.md).
+in a few runs in a hundred (docs/decisions.md, "PS data plane").
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ and touch N MiB at start and hold them for its life, to push it over its memory 
 
 Where a step goes is in :class:`StepTimes` (``Worker.times``); ``benchmarks/ps_step.py``
 prints it and ``benchmarks/runtime_throughput.py`` compares the runtime with a single-process
-DLRM (figures in notes/issue-12.md).
+DLRM (figures in docs/decisions.md, "PS data plane").
 """
 
 from __future__ import annotations
