@@ -16,6 +16,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -662,6 +663,22 @@ class PlannerSpec(_Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+@dataclass(frozen=True)
+class StrategyKind:
+    """What the spec and the planner know of a training strategy (the runtime's strategies are
+    picked in ``runtime/strategies``): whether parameter servers hold the model (PS-set sizes,
+    PS memory, the PS throughput models apply) or ranks do."""
+
+    name: str
+    has_ps: bool
+
+
+STRATEGY_KINDS: dict[str, StrategyKind] = {
+    "ps": StrategyKind("ps", has_ps=True),
+    "allreduce": StrategyKind("allreduce", has_ps=False),
+}
+
+
 class JobSpec(_Strict):
     name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
     signature: Signature = Signature()
@@ -711,8 +728,12 @@ class JobSpec(_Strict):
 
     # --- derived values -----------------------------------------------------------------
     @property
+    def strategy_kind(self) -> StrategyKind:
+        return STRATEGY_KINDS[self.strategy]
+
+    @property
     def min_ps(self) -> int:
-        if self.strategy == "allreduce":
+        if not self.strategy_kind.has_ps:
             return 0
         return max(self.constraints.ps.min, 1)
 

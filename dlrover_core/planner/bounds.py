@@ -67,7 +67,7 @@ class JobBounds:
     @classmethod
     def from_spec(cls, spec: JobSpec) -> JobBounds:
         c = spec.constraints
-        ps_max = 0 if spec.strategy == "allreduce" else max(c.ps.max, spec.min_ps)
+        ps_max = max(c.ps.max, spec.min_ps) if spec.strategy_kind.has_ps else 0
         return cls(
             workers=RoleBounds.from_constraints(c.workers, max(c.workers.min, 1), c.workers.max),
             ps=RoleBounds.from_constraints(c.ps, spec.min_ps, ps_max),

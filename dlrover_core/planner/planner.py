@@ -180,7 +180,7 @@ class Planner:
         if (
             cfg.cold_start != "prior"
             or cfg.throughput_form != "bottleneck"
-            or self.spec.strategy != "ps"
+            or not self.spec.strategy_kind.has_ps
             or base.ps.count == 0
         ):
             return base
@@ -294,7 +294,7 @@ class Planner:
         cfg, bounds = self.config, self.bounds
         if (
             cfg.memory_shrink_below <= 0
-            or self.spec.strategy != "ps"
+            or not self.spec.strategy_kind.has_ps
             or not observations
             or current.stage is Stage.SAMPLING
             or current.overrides

@@ -262,3 +262,17 @@ def test_which_ps_restores_replay_shards(
     rec = s.node(Role.PS, 0)
     assert rec is not None and rec.restore_handled
     s.close()
+
+
+def test_one_registry_per_seam_covers_every_kind() -> None:
+    """Strategies and backends are picked in one registry each, and every kind the spec
+    accepts has an entry there (and a planning kind: ``spec.STRATEGY_KINDS``)."""
+    from typing import get_args
+
+    from dlrover_core.runtime.backends.targets import TARGETS
+    from dlrover_core.runtime.strategies import STRATEGIES
+    from dlrover_core.spec import STRATEGY_KINDS, BackendSpec, JobSpec
+
+    kinds = set(get_args(JobSpec.model_fields["strategy"].annotation))
+    assert kinds == set(STRATEGIES) == set(STRATEGY_KINDS)
+    assert set(get_args(BackendSpec.model_fields["kind"].annotation)) == set(TARGETS)
