@@ -258,45 +258,33 @@ class JobMaster:
             log_path=str(logs / f"{n.role.value}-{n.node_id}.log"),
         )
 
-    def launch(self, n: Node) -> None:
-        """Write ahead, then start the node, then record its ref."""
-        assert self.state is not None
-        self.state.record_launch(
-            n.role,
-            n.node_id,
-            n.incarnation,
-            n.resources,
-            generation=n.generation,
-            relaunches=n.relaunches,
-        )
-        n.handle = self.backend.launch(self._node_spec(n))
-        n.stopping_mono = None
-        n.kill_reason = None
-        self.state.record_launch(
-            n.role,
-            n.node_id,
-            n.incarnation,
-            n.resources,
-            ref=n.handle.ref,
-            generation=n.generation,
-            relaunches=n.relaunches,
-        )
-        self.launches.append(
-            {
-                "time_s": self.clock(),
-                "node": n.name,
-                "incarnation": n.incarnation,
-                "generation": n.generation,
-                **n.resources.to_dict(),
-            }
-        )
-        log.info(
-            "launched %s incarnation %d (%s) as %s",
-            n.name,
-            n.incarnation,
-            n.resources,
-            n.handle.ref,
-        )
+    def launch(self, *nodes: Node) -> None:
+        """Write ahead (one write for the batch), start each node, record their refs (one
+        more write): a thousand relaunches cost two writes of master.json, not two thousand."""
+        st = self.st
+        with st.batch():
+            for n in nodes:
+                st.record_launch(n.role, n.node_id, n.incarnation, n.resources,
+                                 generation=n.generation, relaunches=n.relaunches)  # fmt: skip
+        started: list[Node] = []
+        try:
+            for n in nodes:
+                n.handle = self.backend.launch(self._node_spec(n))
+                n.stopping_mono = None
+                n.kill_reason = None
+                started.append(n)
+        finally:  # the refs of what started, even when a later launch failed
+            with st.batch():
+                for n in started:
+                    st.record_launch(n.role, n.node_id, n.incarnation, n.resources,
+                                     ref=n.handle.ref if n.handle else "",
+                                     generation=n.generation,
+                                     relaunches=n.relaunches)  # fmt: skip
+        for n in started:
+            self.launches.append({"time_s": self.clock(), "node": n.name, "generation":
+                                  n.generation, "incarnation": n.incarnation,
+                                  **n.resources.to_dict()})  # fmt: skip
+            log.info("launched %s incarnation %d (%s)", n.name, n.incarnation, n.resources)
 
     def launch_successor(
         self,
@@ -307,19 +295,32 @@ class JobMaster:
         generation: int = 0,
         grace_s: float = 2.0,
     ) -> None:
-        """Launch the next incarnation of a node: it inherits the incarnation count and relaunch
-        budgets of the node it replaces (the one in memory, else the persisted record), and
-        the replaced one, if still running, is asked to stop."""
-        old = self.nodes.get((role, node_id))
-        n = Node(role, node_id, resources, generation=generation)
-        prev = old if old is not None else (self.state.node(role, node_id) if self.state else None)
-        if prev is not None:
-            n.incarnation = prev.incarnation + 1
-            n.relaunches = dict(prev.relaunches)
-        if old is not None and old.handle is not None:
-            self.backend.stop(old.handle, grace_s=grace_s, wait=False)
-        self.nodes[(role, node_id)] = n
-        self.launch(n)
+        """Launch the next incarnation of a node (see :meth:`launch_successors`)."""
+        self.launch_successors([(role, node_id, resources)], generation=generation, grace_s=grace_s)
+
+    def launch_successors(
+        self,
+        which: Sequence[tuple[Role, int, NodeResources]],
+        *,
+        generation: int = 0,
+        grace_s: float = 2.0,
+    ) -> None:
+        """Launch the next incarnation of each node, as one batch: each inherits the
+        incarnation count and relaunch budgets of the node it replaces (the one in memory, else
+        the persisted record), and the replaced one, if still running, is asked to stop."""
+        nodes = []
+        for role, node_id, resources in which:
+            old = self.nodes.get((role, node_id))
+            n = Node(role, node_id, resources, generation=generation)
+            prev = old if old is not None else self.st.node(role, node_id)
+            if prev is not None:
+                n.incarnation = prev.incarnation + 1
+                n.relaunches = dict(prev.relaunches)
+            if old is not None and old.handle is not None:
+                self.backend.stop(old.handle, grace_s=grace_s, wait=False)
+            self.nodes[(role, node_id)] = n
+            nodes.append(n)
+        self.launch(*nodes)
 
     def start_worker(self, node_id: int, resources: NodeResources) -> None:
         self.launch_successor(Role.WORKER, node_id, resources)

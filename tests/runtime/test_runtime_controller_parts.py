@@ -276,3 +276,36 @@ def test_one_registry_per_seam_covers_every_kind() -> None:
     kinds = set(get_args(JobSpec.model_fields["strategy"].annotation))
     assert kinds == set(STRATEGIES) == set(STRATEGY_KINDS)
     assert set(get_args(BackendSpec.model_fields["kind"].annotation)) == set(TARGETS)
+
+
+def test_a_batch_of_launches_is_written_ahead_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Write ahead per batch, not per node: launching 200 workers writes master.json twice
+    (the batch, then its refs), and every node is recorded before any of them starts."""
+    from dlrover_core.runtime import state as state_mod
+    from dlrover_core.runtime.backends.base import NodeHandle, NodeSpec
+    from dlrover_core.runtime.backends.local import LocalBackend
+    from dlrover_core.runtime.controller import JobMaster
+    from tests.factories import make_spec
+
+    writes: list[int] = []
+    real = state_mod.atomic_write
+    monkeypatch.setattr(
+        state_mod, "atomic_write", lambda path, text: (writes.append(1), real(path, text))
+    )
+    m = JobMaster(make_spec(), tmp_path / "run", LocalBackend())
+    m.state = MasterState(tmp_path / "run", total_rows=1000, shard_size=100)
+    recorded_before_start: list[bool] = []
+
+    def launch(spec: NodeSpec) -> NodeHandle:
+        recorded_before_start.append(len(m.st.nodes) == 200)
+        return NodeHandle(spec.role, spec.node_id, spec.incarnation, f"r{spec.node_id}", 0.0)
+
+    m.backend.launch = launch  # type: ignore[method-assign]
+    m.address = "127.0.0.1:1"
+    writes.clear()
+    m.launch_successors([(Role.WORKER, i, NodeResources(500, 512)) for i in range(200)])
+    assert len(writes) == 2 and all(recorded_before_start)
+    assert {r.ref for r in m.st.nodes.values()} == {f"r{i}" for i in range(200)}
+    m.state.close()

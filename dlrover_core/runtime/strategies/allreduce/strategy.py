@@ -288,10 +288,12 @@ class AllReduceStrategy:
             g.resources,
             f", pre-warmed to follow group {after}" if after is not None else "",
         )
-        for node_id in g.node_ids:
-            n = Node(Role.WORKER, node_id, g.resources, generation=g.gid)
-            self.job.nodes[(Role.WORKER, node_id)] = n
-            self.job.launch(n)
+        ranks = [
+            Node(Role.WORKER, node_id, g.resources, generation=g.gid) for node_id in g.node_ids
+        ]
+        for n in ranks:
+            self.job.nodes[(Role.WORKER, n.node_id)] = n
+        self.job.launch(*ranks)  # written ahead as one batch
         return g
 
     def _set_group_state(self, g: _Group, state: str) -> None:

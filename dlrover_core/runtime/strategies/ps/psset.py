@@ -75,13 +75,13 @@ class PSSet:
         gen = st.generation(gid)
         assert gen is not None
         count = int(gen["count"])
+        todo = []
         for i in range(count):
             old = job.nodes.get((Role.PS, i))
             if old is not None and old.generation == gid and old.handle is not None:
                 continue  # launched before a master restart and adopted
-            job.launch_successor(
-                Role.PS, i, plan.node_resources(Role.PS, i), generation=gid, grace_s=5.0
-            )
+            todo.append((Role.PS, i, plan.node_resources(Role.PS, i)))
+        job.launch_successors(todo, generation=gid, grace_s=5.0)
         # a smaller set: the PS beyond its size leave
         for (role, i), old in list(job.nodes.items()):
             if role is Role.PS and i >= count:

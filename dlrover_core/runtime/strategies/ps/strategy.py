@@ -113,8 +113,10 @@ class PSStrategy:
     def start(self, plan: ResourcePlan) -> None:
         self.job.adopt_plan(plan)
         self.psset.start_generation(plan, [], 0)
-        for i in range(plan.workers.count):
-            self.job.start_worker(i, plan.node_resources(Role.WORKER, i))
+        workers = plan.workers.count
+        self.job.launch_successors(
+            [(Role.WORKER, i, plan.node_resources(Role.WORKER, i)) for i in range(workers)]
+        )
 
     def resume(self, last: ResourcePlan) -> None:
         """Adopt the earlier master's nodes (by ref), relaunch the lost ones (their budgets
@@ -141,6 +143,7 @@ class PSStrategy:
             self.psset.launch_generation(int(starting[-1]["id"]), last)
         else:
             self.psset.unfreeze_active()
+        again = []
         for n in lost:
             if job.nodes.get((n.role, n.node_id)) is not n:
                 continue  # replaced by the generation just launched
@@ -157,7 +160,8 @@ class PSStrategy:
                 }
             )
             n.incarnation += 1
-            job.launch(n)
+            again.append(n)
+        job.launch(*again)
         active = st.generations_in(GEN_ACTIVE)
         if active and not starting:  # e.g. after a clean stop: the PS set is relaunched
             gid, count = int(active[-1]["id"]), int(active[-1]["count"])
@@ -166,9 +170,10 @@ class PSStrategy:
                     job.launch_successor(
                         Role.PS, i, last.node_resources(Role.PS, i), generation=gid
                     )
-        for i in range(last.workers.count):
-            if (Role.WORKER, i) not in job.nodes:
-                job.start_worker(i, last.node_resources(Role.WORKER, i))
+        job.launch_successors(
+            [(Role.WORKER, i, last.node_resources(Role.WORKER, i))
+             for i in range(last.workers.count) if (Role.WORKER, i) not in job.nodes]
+        )  # fmt: skip
 
     def apply(self, new: ResourcePlan) -> None:
         job = self.job
