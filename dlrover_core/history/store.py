@@ -12,6 +12,7 @@ revision, creating the tables in a fresh one and stamping one made before migrat
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from pathlib import Path
@@ -67,6 +68,17 @@ _PEAK_KEYS = (
 )
 _METRIC_KEYS = ("throughput_sps", "wall_s", "auc", "cpu_util", "mem_util", "samples_done")
 _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
+
+
+def measured_pauses(changes: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """The seconds each plan change of a run lost (``report.plan_changes``: its ``lost_s``),
+    by kind (``ps``, ``worker``); changes that could not be measured are left out."""
+    out: dict[str, list[float]] = {}
+    for c in changes:
+        lost, kind = c.get("lost_s"), c.get("kind")
+        if isinstance(lost, (int, float)) and math.isfinite(lost) and kind in ("ps", "worker"):
+            out.setdefault(str(kind), []).append(round(max(0.0, float(lost)), 3))
+    return out
 
 
 def default_url() -> str:
@@ -293,6 +305,9 @@ class HistoryStore:
                 # the exported model: the next run of a recurring job starts from it
                 # (training.init_from: last)
                 | {"model": report.get("model_url") or report.get("model_dir")}
+                # what each kind of plan change cost this run (the planner prices the next
+                # run's changes with it instead of its constants)
+                | {"pauses": measured_pauses(report.get("plan_changes") or [])}
             ),
         }
         for k in _PEAK_KEYS:
@@ -397,6 +412,9 @@ class HistoryStore:
         choice = (r.metrics or {}).get("model_choice")
         if choice is not None:
             extra["model_choice"] = choice
+        pauses = (r.metrics or {}).get("pauses")
+        if pauses:
+            extra["pauses"] = pauses
         return HistoryRecord(
             signature=r.signature,
             finished_at_s=float(r.finished_at_s),

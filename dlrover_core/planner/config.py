@@ -8,6 +8,13 @@ from dataclasses import dataclass
 
 from dlrover_core.spec import JobSpec
 
+# measured pauses (report.plan_changes, stored with each run) replace the constants from this
+# many measured changes of similar runs on; a measurement is clamped to this range (a change
+# that cost nothing still costs the launch; a job that stalled for other reasons is not a pause)
+MIN_MEASURED_PAUSES = 2
+MIN_MEASURED_PAUSE_S = 1.0
+MAX_MEASURED_PAUSE_S = 600.0
+
 
 @dataclass(frozen=True)
 class PlannerConfig:
@@ -145,6 +152,29 @@ class PlannerConfig:
     def worker_step(self, workers: int) -> int:
         """The largest worker increase one move may make from ``workers``."""
         return max(self.max_worker_step, math.ceil(self.max_worker_growth * workers))
+
+    def with_measured_pauses(
+        self, spec: JobSpec, measured: dict[str, list[float]]
+    ) -> tuple[PlannerConfig, list[str]]:
+        """The pause of each kind of plan change (``ps``, ``worker``) as past runs measured it
+        (their median, from ``MIN_MEASURED_PAUSES`` changes on), in place of the constant,
+        unless the spec's ``planner`` section sets it. Returns the config and what it used."""
+        from dataclasses import replace
+        from statistics import median
+
+        changes: dict[str, float] = {}
+        notes = []
+        for kind, field in (("worker", "worker_change_pause_s"), ("ps", "ps_change_pause_s")):
+            got = [v for v in measured.get(kind, []) if v >= 0]
+            if getattr(spec.planner, field) is not None or len(got) < MIN_MEASURED_PAUSES:
+                continue
+            value = min(MAX_MEASURED_PAUSE_S, max(MIN_MEASURED_PAUSE_S, median(got)))
+            changes[field] = value
+            notes.append(
+                f"{kind} change pause {value:.1f} s, measured over {len(got)} change(s) of "
+                f"past runs (default {getattr(self, field):.0f} s)"
+            )
+        return (replace(self, **changes) if changes else self), notes  # type: ignore[arg-type]
 
     @classmethod
     def from_spec(cls, spec: JobSpec, **overrides: object) -> PlannerConfig:

@@ -232,6 +232,17 @@ class Planner:
         remembered = getattr(self.model_factory, "remembered", None)
         return remembered() if remembered is not None else None
 
+    def learn_pauses(self, history: Sequence[HistoryRecord], now_s: float = 0.0) -> list[str]:
+        """Price plan changes at what they cost similar past runs (their ``extra["pauses"]``,
+        by kind), not the constants; returns what it learnt, one line each (empty: the
+        constants stay, or the spec sets the pauses)."""
+        measured: dict[str, list[float]] = {}
+        for r in similar_runs(self.spec, history, now_s, self.config.history_window_s):
+            for kind, values in dict(r.extra.get("pauses") or {}).items():
+                measured.setdefault(str(kind), []).extend(float(v) for v in values)
+        self.config, notes = self.config.with_measured_pauses(self.spec, measured)
+        return notes
+
     def history_samples(self, history: Sequence[HistoryRecord], now_s: float = 0.0) -> list[Sample]:
         """Speed samples that similar past runs recorded (``extra["samples"]``)."""
         return _samples_of(similar_runs(self.spec, history, now_s, self.config.history_window_s))
@@ -247,6 +258,7 @@ class Planner:
         base = self.initial_plan(history, now_s)
         if not samples:
             return base
+        self.learn_pauses(history, now_s)
         prior = self.history_samples(history, now_s)  # every sample counts: past runs' too
         model, why = self._fit([*prior, *samples])
         if model is None:

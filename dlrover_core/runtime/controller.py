@@ -195,10 +195,10 @@ class JobMaster:
         )
         self.state.persist()  # this master's start is on record before it acts
         self.state.workers_may_leave = not self.strategy.hold_workers_at_the_end
-        prior = self.call_planner(
-            "history_samples", self.planner.history_samples, self._history, self.clock()
-        )
-        self.prior = prior or []
+        h, now, pl = self._history, self.clock(), self.planner
+        self.prior = self.call_planner("history_samples", pl.history_samples, h, now) or []
+        learnt = self.call_planner("learn_pauses", pl.learn_pauses, h, now)
+        log.info("planner: %s", "; ".join(learnt or ["plan changes priced at the defaults"]))
         bind, advertise = self.backend.endpoint()
         port = 0
         addr = self.run_dir / ADDR_FILE

@@ -47,8 +47,18 @@ def _span_rate(timeline: list[dict[str, Any]]) -> float:
 SETTLED_SHARE = 0.4  # a change's settled speed: the last 40 % of its span
 
 
+def change_kind(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
+    """What a plan change changed, as the planner prices it: ``ps`` (the PS set: its size or
+    its nodes) or ``worker`` (workers only, or nothing it can see)."""
+    if before is not None and before.get("ps") != after.get("ps"):
+        return "ps"
+    return "worker"
+
+
 def plan_change_costs(
-    plan_times: list[float | None], timeline: list[dict[str, Any]]
+    plan_times: list[float | None],
+    timeline: list[dict[str, Any]],
+    kinds: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """What each plan change after the first cost the job, from the timeline (samples done
     against time), as the planner prices a change: a pause, then the new speed. For change
@@ -56,8 +66,9 @@ def plan_change_costs(
     before the last shards' tail): ``speed_after_sps`` over the span's last
     ``SETTLED_SHARE``; ``lost_s`` the span minus the time its samples would take at that
     speed; ``stall_s`` the longest stretch in the span with no sample done;
-    ``speed_before_sps`` the previous configuration's settled speed. A figure that cannot
-    be measured (too short a span, no progress) is None."""
+    ``speed_before_sps`` the previous configuration's settled speed; ``kind`` (``kinds[k]``:
+    see :func:`change_kind`) what it changed. A figure that cannot be measured (too short a
+    span, no progress) is None."""
     rows = sorted(
         (float(r["t"]), float(r["samples_done"]))
         for r in timeline
@@ -73,7 +84,9 @@ def plan_change_costs(
         return float(np.interp(t, ts, ds))
 
     tail = float(ts[int(np.argmax(ds >= 0.9 * ds[-1]))])
-    times = [t for t in plan_times if t is not None]
+    kept = [i for i, t in enumerate(plan_times) if t is not None]
+    times = [float(plan_times[i]) for i in kept]  # type: ignore[arg-type]
+    kind_of = [kinds[i] if kinds is not None and i < len(kinds) else None for i in kept]
 
     def settled(a: float, b: float) -> float | None:
         lo = b - SETTLED_SHARE * (b - a)
@@ -100,6 +113,7 @@ def plan_change_costs(
         out.append(
             {
                 "time_s": t_c,
+                "kind": kind_of[k],
                 "speed_before_sps": before,
                 "speed_after_sps": after,
                 "lost_s": lost,
@@ -169,7 +183,11 @@ def write_report(
         "planner_errors": list(state.planner_errors),
         # what each plan change cost in progress (a pause, then the new speed): the figure
         # the planner's worker_change_pause_s / ps_change_pause_s stand for
-        "plan_changes": plan_change_costs([p.get("time_s") for p in state.plans], timeline),
+        "plan_changes": plan_change_costs(
+            [p.get("time_s") for p in state.plans],
+            timeline,
+            [change_kind(a, b) for a, b in zip([None, *state.plans], state.plans, strict=False)],
+        ),
         "model_choice": model_choice,
         "stop_flush": stop_flush,
         "launches": list(launches or []),
