@@ -21,5 +21,10 @@ RUN pip install -c constraints.txt --index-url https://download.pytorch.org/whl/
  && pip install --no-deps torchrec==1.8.0 \
  && pip install -c constraints.txt ".[image]"
 
+# Steps run from an empty working directory: in /opt/dlrover-rm the checkout's dlrover_rm/ (its
+# __init__ only) would shadow the installed package, into which components/, operators/ and
+# pipelines/ are mapped, for `python -c` and `python -m` (KFP's executor among them).
+WORKDIR /workspace
+
 # A training step writes its run directory under the artifact path KFP gives it.
 CMD ["dlrover-rm", "--help"]

@@ -204,11 +204,10 @@ def container(image: str) -> Iterator[str]:
 
 
 def run_in(ctr: str, script: str) -> str:
-    # from / : the image's WORKDIR holds the source checkout, whose dlrover_rm/ (without the
-    # components, operators and pipelines the install maps into it) shadows the installed
-    # package for `python -c` and `python -m` run there
+    # from the image's own WORKDIR, as KFP runs a step (the Dockerfile's last WORKDIR is an
+    # empty one: the checkout's dlrover_rm/ would shadow the installed package there)
     r = subprocess.run(
-        [*BUILDAH, "run", *ISOLATION, "--workingdir", "/", ctr, "--", "sh", "-c", script],
+        [*BUILDAH, "run", *ISOLATION, ctr, "--", "sh", "-c", script],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, f"{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

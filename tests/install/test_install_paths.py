@@ -2,12 +2,11 @@
 repository's own files (its wheel, constraints.txt, the Dockerfile's pip steps), checked by
 doing what that path promises (tests/install/smoke.py). Slow: each builds an environment.
 
-No container engine runs here (no Docker; Debian's buildah/podman are not installed on this
-machine and no base image can be pulled), so the image is checked as the environment its
-Dockerfile's pip steps build: the same steps, the same extras, with one change said here: the
-machine's package index (its pip config: local wheels, the torch CPU wheel among them) stands
-in for the Dockerfile's ``--index-url https://download.pytorch.org/whl/cpu``, which this
-sandbox cannot reach."""
+The image is checked here as the environment its Dockerfile's pip steps build: the same
+steps, the same extras, with one change said here: the machine's package index (its pip
+config: local wheels, the torch CPU wheel among them) stands in for the Dockerfile's
+``--index-url https://download.pytorch.org/whl/cpu``, which this sandbox cannot reach. The
+image itself is built from the Dockerfile with Debian's buildah in test_image_build.py."""
 
 from __future__ import annotations
 
