@@ -31,6 +31,7 @@ Reasons a backend may report (``NodeExit.reason``):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -64,6 +65,7 @@ __all__ = [
     "NodeSpec",
     "NodeUsage",
     "RunLease",
+    "launch_each",
 ]
 
 LOST_REASON = "Lost"
@@ -219,6 +221,12 @@ class Backend(Protocol):
         """Start the node described by ``spec``; return at once (it may still be starting)."""
         ...
 
+    def launch_many(self, specs: Sequence[NodeSpec]) -> list[NodeHandle | Exception]:
+        """Start every node of ``specs`` (a batch: a backend may start them concurrently,
+        bounded). One entry per spec, in order: its handle, or the exception its launch
+        raised; one failure does not stop the others. ``launch_each`` is the plain loop."""
+        ...
+
     def poll(self) -> list[NodeExit]:
         """Exits seen since the last call; each exit is reported exactly once."""
         ...
@@ -290,3 +298,17 @@ class RunLease(Protocol):
     def renew(self) -> bool: ...
 
     def release(self) -> None: ...
+
+
+def launch_each(
+    launch: Callable[[NodeSpec], NodeHandle], specs: Sequence[NodeSpec]
+) -> list[NodeHandle | Exception]:
+    """``Backend.launch_many`` as a loop of ``launch`` (a backend whose launches are cheap):
+    one entry per spec, its handle or the exception its launch raised."""
+    out: list[NodeHandle | Exception] = []
+    for spec in specs:
+        try:
+            out.append(launch(spec))
+        except Exception as exc:  # handed back, in order; the rest still launch
+            out.append(exc)
+    return out

@@ -24,7 +24,9 @@ The mapping (DESIGN.md "On Kubernetes"); choices recorded here:
 - **Observation.** A watcher thread lists the job's pods (label selector), then watches from
   the list's ``resourceVersion`` for ``resync_s``; ``410 Gone`` -> relist; every watch end ->
   relist (the periodic resync, which is also what keeps it correct against an API server whose
-  watch does not stream, such as kmock). Each exit is queued once and handed out by ``poll``.
+  watch does not stream). A delete of ours does not end the watch (its events come through
+  it): API calls per pod event stay at zero on the watch, one per finished pod (its delete).
+  Each exit is queued once and handed out by ``poll``.
 - **Failures of the API.** Every call retries on connection errors, 409 (where a retry can
   succeed), 429 and 5xx with exponential backoff and full jitter (tenacity). The job is never
   failed for that; only an outage longer than ``outage_s`` surfaces, as
@@ -49,7 +51,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -152,7 +155,11 @@ class KubernetesBackend:
         termination_grace_s: int = 30,
         image_pull_policy: str = "IfNotPresent",
         lease_name: str | None = None,
+        launch_concurrency: int = 16,
     ) -> None:
+        if launch_concurrency < 1:
+            raise InputError(f"launch_concurrency must be >= 1, got {launch_concurrency}")
+        self.launch_concurrency = launch_concurrency
         self.lease_name = lease_name or f"{job_name}-master"  # job events go there, unowned
         self.cfg = PodConfig(
             namespace=namespace,
@@ -189,6 +196,7 @@ class KubernetesBackend:
         self._exits: list[NodeExit] = []
         self._error: KubernetesUnavailableError | None = None
         self._kick = threading.Event()
+        self._rewatch = threading.Event()  # end the watch at its next event (tests)
         self._watcher: threading.Thread | None = None
         self._closed = False
         self._resource_version: str | None = None
@@ -210,6 +218,50 @@ class KubernetesBackend:
                     f"{spec.name} is already running (pod {name}); relaunch it with the next "
                     "incarnation or stop it first"
                 )
+        return self._create(spec, pod, name)
+
+    def launch_many(self, specs: Sequence[NodeSpec]) -> list[NodeHandle | Exception]:
+        """Create the pods of ``specs`` with at most ``launch_concurrency`` creates in flight
+        (each with the retry policy of ``launch``: 429 and 5xx back off). Returns one entry
+        per spec, in order: its handle, or the exception its launch raised (the others are
+        still created; the caller records what started). A spec named twice in the batch,
+        or already running, gets ``InputError`` without a call."""
+        out: list[NodeHandle | Exception | None] = [None] * len(specs)
+        todo: list[tuple[int, NodeSpec, k8s.V1Pod, str]] = []
+        names: set[str] = set()
+        with self._lock:
+            for i, spec in enumerate(specs):
+                pod = node_to_pod(spec, self.cfg)
+                name = str(pod.metadata.name)
+                old = self._pods.get(name)
+                if self._closed:
+                    out[i] = InputError("the Kubernetes backend is shut down; create a new one")
+                elif name in names or (old is not None and old.exit is None):
+                    out[i] = InputError(
+                        f"{spec.name} is already running or twice in the batch (pod {name}); "
+                        "relaunch it with the next incarnation or stop it first"
+                    )
+                else:
+                    names.add(name)
+                    todo.append((i, spec, pod, name))
+
+        def one(item: tuple[int, NodeSpec, k8s.V1Pod, str]) -> None:
+            i, spec, pod, name = item
+            try:
+                out[i] = self._create(spec, pod, name)
+            except Exception as exc:  # handed back to the caller, in order
+                out[i] = exc
+
+        workers = min(self.launch_concurrency, len(todo))
+        if workers <= 1:
+            for item in todo:
+                one(item)
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="pod-create") as pool:
+                list(pool.map(one, todo))
+        return [r if r is not None else InputError("not launched") for r in out]
+
+    def _create(self, spec: NodeSpec, pod: k8s.V1Pod, name: str) -> NodeHandle:
         created_mono = time.monotonic()
 
         def create() -> None:
@@ -479,6 +531,11 @@ class KubernetesBackend:
         """Send the queued Events (at most ``timeout_s``), then end the sender thread."""
         self._events.flush(timeout_s)
 
+    def restart_watch(self) -> None:
+        """End the current watch at its next event; the watcher relists and watches again
+        from the list's version (tests: a watch resumed from an expired version)."""
+        self._rewatch.set()
+
     def sync(self) -> None:
         """One reconcile by list now (the watcher does this on its own; tests call it to
         avoid waiting)."""
@@ -651,8 +708,11 @@ class KubernetesBackend:
                 allow_watch_bookmarks=True,
                 _request_timeout=self._resync_s + self._timeout,
             ):
-                if self._stopping.is_set() or self._kick.is_set():
-                    self._kick.clear()
+                # a kick (a delete of ours) does not end the watch: its events come through
+                # it; a relist per delete listed every pod per exit (benchmarks/k8s_scale.py)
+                self._kick.clear()
+                if self._stopping.is_set() or self._rewatch.is_set():
+                    self._rewatch.clear()
                     break
                 pod = event.get("raw_object") or {}
                 with self._lock:

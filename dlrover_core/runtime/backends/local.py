@@ -66,6 +66,7 @@ from dlrover_core.runtime.backends.base import (
     NodeHandle,
     NodeSpec,
     NodeUsage,
+    launch_each,
 )
 from dlrover_core.types import NodeResources, Role
 from dlrover_core.units import mib_from_bytes
@@ -140,6 +141,10 @@ class LocalBackend:
         self._closed = False
 
     # ------------------------------------------------------------------ protocol
+
+    def launch_many(self, specs: Sequence[NodeSpec]) -> list[NodeHandle | Exception]:
+        """Each spec in turn (a process starts in milliseconds): see ``Backend.launch_many``."""
+        return launch_each(self.launch, specs)
 
     def launch(self, spec: NodeSpec) -> NodeHandle:
         key: _Key = (spec.role, spec.node_id, spec.incarnation)

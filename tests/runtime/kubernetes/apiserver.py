@@ -130,6 +130,11 @@ class ApiServer(kmock.KubernetesEmulator):
     """See the module docstring."""
 
     resize_mode: str = "accept"  # accept | refuse | absent
+    latency_s: float = 0.0  # added to every answer but a watch's (a real server's etcd write)
+    max_inflight: int = 0  # > 0: a request beyond that many in flight gets 429 (API priority
+    # and fairness' concurrency limit); watches are not counted
+    throttled: int = attrs.field(default=0, init=False)
+    _inflight: int = attrs.field(default=0, init=False)
     log_dir: Path | None = None  # where pod logs are read from (the kubelet's root/logs)
     store: dict[_Key, dict[str, Any]] = attrs.field(factory=dict, init=False)
     events: list[tuple[int, _Key, str, dict[str, Any]]] = attrs.field(factory=list, init=False)
@@ -198,6 +203,23 @@ class ApiServer(kmock.KubernetesEmulator):
             raise KubernetesError(
                 status=fault.status, reason="Injected", message=f"injected {fault.status}"
             )
+        if str(request.params.get("watch", "")).lower() not in ("true", "1"):
+            if self.max_inflight > 0 and self._inflight >= self.max_inflight:
+                self.throttled += 1
+                raise KubernetesError(
+                    status=429, reason="TooManyRequests", message="too many requests in flight"
+                )
+            self._inflight += 1
+            try:
+                if self.latency_s > 0:
+                    await asyncio.sleep(self.latency_s)
+                return await self._serve(request)
+            finally:
+                self._inflight -= 1
+        return await self._serve(request)
+
+    async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        assert self._changed is not None
         res = request.resource
         if res is None or res.plural is None:
             return await super()._handle(request)

@@ -230,7 +230,7 @@ def test_watch_resumes_and_relists_on_410(
     lists = b.relists
     h2 = b.launch(_spec(node_id=1))
     apiserver.api.compact()  # etcd compaction: the watch's resourceVersion is now too old
-    b._kick.set()  # make the watcher resume from its (old) version now
+    b.restart_watch()  # make the watcher resume from its (old) version now
     _set_status(apiserver, h2.ref, _terminated(1, "Error"))
     (e2,) = _wait_exits(b, 1, timeout_s=10)
     assert e2.ref == h2.ref and e2.exit_class is ExitClass.FATAL
