@@ -333,10 +333,9 @@ class JobMaster:
 
     # --- plans -------------------------------------------------------------------------------
     def adopt_plan(self, plan: ResourcePlan) -> None:
-        assert self.state is not None
         self.plan = plan
         self.past_plans.append(plan)
-        self.state.record_plan(plan)
+        self.st.record_plan(plan)
         self._config_since = self.clock()
         log.info("plan (%s): %s", plan.stage.value, "; ".join(plan.reasons))
         self.event(
@@ -362,12 +361,11 @@ class JobMaster:
 
     def resized(self, n: Node, want: NodeResources) -> None:
         """The backend resized ``n`` in place: record it (same incarnation) and follow it."""
-        assert self.state is not None
         log.info("resized %s in place: %s -> %s", n.name, n.resources, want)
         self.event(n.handle, "Resized", f"{n.name}: {n.resources} -> {want}")
         n.resources = want
         n.resized_mono = self.mono()
-        self.state.record_resize(n.role, n.node_id, want)
+        self.st.record_resize(n.role, n.node_id, want)
 
     # --- faults ------------------------------------------------------------------------------
     def _on_exit(self, e: NodeExit) -> None:
@@ -416,10 +414,12 @@ class JobMaster:
     def _check_liveness(self) -> None:
         """Silent nodes (every role), nodes that never registered, hung workers: killed, so
         their exits go through the fault policy."""
-        assert self.state is not None
-        for role, node_id in self.state.dead_nodes(self.heartbeat):
+        full = [r.said for r in self.st.nodes.values() if "disk_full" in r.events]
+        if full:  # a node could not write its state (a checkpoint): the job cannot go on
+            self.failure = self.failure or self._disk_full(full[0])
+        for role, node_id in self.st.dead_nodes(self.heartbeat):
             self._kill(role, node_id, f"no heartbeat for {self.heartbeat.dead_after_s:g} s")
-        for role, node_id in self.state.unregistered_nodes(self.spec.pacing.pending_timeout_s):
+        for role, node_id in self.st.unregistered_nodes(self.spec.pacing.pending_timeout_s):
             n = self.nodes.get((role, node_id))
             u = self.backend.usage(n.handle) if n is not None and n.handle is not None else None
             if u is not None and u.cpu_percent > 5.0:
@@ -429,7 +429,7 @@ class JobMaster:
                 node_id,
                 f"never registered within pending_timeout_s={self.spec.pacing.pending_timeout_s:g}",
             )
-        for role, node_id in self.state.hung_nodes(self.hang_policy, self._allocated()):
+        for role, node_id in self.st.hung_nodes(self.hang_policy, self._allocated()):
             self._kill(role, node_id, "hung: no progress and idle CPU")
         now = self.mono()
         for n in self.nodes.values():
@@ -441,7 +441,6 @@ class JobMaster:
         """An accepted in-place resize the node cannot give (infeasible, or still deferred
         after ``pending_timeout_s``) becomes a relaunch at the new size; one the backend calls
         done is no longer followed."""
-        assert self.state is not None
         now = self.mono()
         for n in list(self.nodes.values()):
             if n.resized_mono is None or n.handle is None:
@@ -455,7 +454,7 @@ class JobMaster:
             ):
                 why = f"in-place resize to {n.resources} {st} after {waited:.0f} s"
                 log.warning("%s: %s: relaunching it at that size", n.name, why)
-                self.state.record_fault(
+                self.st.record_fault(
                     {"node": n.name, "incarnation": n.incarnation, "exit_class": "resize",
                      "action": "relaunch", "why": why}
                 )  # fmt: skip
@@ -550,7 +549,7 @@ class JobMaster:
                 f"{self.run_dir} is being trained by another master ({holder}); wait for it "
                 f"(`dlrover-rm status --run-dir {self.run_dir}`) or train in a new run directory"
             )
-        restore = install_stop_signals(self._on_stop_signal)
+        restore = install_stop_signals(self._stop_asked)
         try:
             try:
                 self._prepare()
@@ -570,15 +569,15 @@ class JobMaster:
             restore()
             self.lease.release()
 
+    def _disk_full(self, why: object) -> str:
+        return f"disk full: {why}; free space under {self.run_dir} and resume the job"
+
     def _describe(self, e: BaseException) -> str:
         if is_disk_full(e):
-            return f"disk full: {e}; free space under {self.run_dir} and resume the job"
+            return self._disk_full(e)
         if isinstance(e, DLRoverError):
             return " ".join(str(e).split())
         return f"internal error: {type(e).__name__}: {e}"
-
-    def _on_stop_signal(self, why: str) -> None:
-        self.stop_reason = self.stop_reason or why
 
     def _tick(self) -> bool:
         """One reconcile pass; True when the job is over (done, failed or stopped)."""
@@ -625,15 +624,17 @@ class JobMaster:
     # --- helpers the strategies share ------------------------------------------------------------
     def drain_shards(self) -> str:
         """Hand out no new shard and wait (up to ``STOP_DRAIN_S``) for those in flight."""
-        assert self.state is not None
-        self.state.dispatch_paused = True
+        self.st.dispatch_paused = True
         deadline = self.mono() + STOP_DRAIN_S
-        while self.state.shards.counts()["doing"] and self.mono() < deadline:
+        while self.st.shards.counts()["doing"] and self.mono() < deadline:
             for e in self.backend.poll():  # a node that exits meanwhile does not finish
                 log.info("%s-%d exited during the stop: %s", e.role.value, e.node_id, e.reason)
             time.sleep(0.1)
-        left = self.state.shards.counts()["doing"]
+        left = self.st.shards.counts()["doing"]
         return "shards in flight finished" if not left else f"{left} shard(s) still in flight"
+
+    def _stop_asked(self, why: str) -> None:
+        self.stop_reason = self.stop_reason or why
 
     def changing(self) -> bool:
         """A change of the node set is in progress (the job cannot end meanwhile)."""
@@ -643,28 +644,27 @@ class JobMaster:
         """The held-out AUC, taken once while the nodes still serve (the PS strategy's end):
         True once taken; a node it needs unreachable: False (retried; its exit or its missed
         heartbeats come first); past a deadline True without an AUC. Workers may leave then."""
-        assert self.state is not None
         if self._evaluated:
-            self.state.workers_may_leave = True
+            self.st.workers_may_leave = True
             return True
         now = self.mono()
         if self._eval_retry_mono is not None and now < self._eval_retry_mono:
             return False
-        addresses, _ = self.state.ps_set()
+        addresses, _ = self.st.ps_set()
         try:
-            self.state.set_job_state("evaluating")
+            self.st.set_job_state("evaluating")
             self._auc = self.strategy.evaluate(self.spec, addresses, self.token)
         except Exception as e:
             if self._eval_deadline_mono is None:
                 self._eval_deadline_mono = now + max(30.0, self.spec.pacing.dead_after_s + 30.0)
             if now < self._eval_deadline_mono:
                 log.warning("evaluation postponed: %s", e)
-                self.state.set_job_state("running")
+                self.st.set_job_state("running")
                 self._eval_retry_mono = now + 2.0
                 return False
             log.warning("evaluation failed: %s", e)
         self._evaluated = True
-        self.state.workers_may_leave = True
+        self.st.workers_may_leave = True
         return True
 
     def _start_or_resume(self) -> None:

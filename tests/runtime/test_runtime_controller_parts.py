@@ -309,3 +309,22 @@ def test_a_batch_of_launches_is_written_ahead_once(
     assert len(writes) == 2 and all(recorded_before_start)
     assert {r.ref for r in m.st.nodes.values()} == {f"r{i}" for i in range(200)}
     m.state.close()
+
+
+def test_a_node_that_reports_a_full_disk_fails_the_job_with_its_words(tmp_path: Path) -> None:
+    """A PS that cannot write its checkpoint says so (a ``disk_full`` fact): the job fails
+    then, naming it, rather than training on without a state it could resume from."""
+    from dlrover_core.runtime.backends.local import LocalBackend
+    from dlrover_core.runtime.controller import JobMaster
+    from tests.factories import make_spec
+
+    m = JobMaster(make_spec(), tmp_path / "run", LocalBackend())
+    m.state = MasterState(tmp_path / "run", total_rows=1000, shard_size=100)
+    m.state.record_launch(Role.PS, 0, 0, NodeResources(500, 512))
+    m._check_liveness()
+    assert m.failure is None
+    said = "PS 0 cannot write its checkpoint: [Errno 28] No space left on device"
+    assert m.state.record_event(Role.PS, 0, 0, "disk_full", said)
+    m._check_liveness()
+    assert m.failure is not None and m.failure.startswith(f"disk full: {said}")
+    m.state.close()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dlrover_core.runtime import wire
+from dlrover_core.runtime.files import is_disk_full
 from dlrover_core.runtime.strategies.ps import checkpoint as ckpt
 from dlrover_core.runtime.strategies.ps.service import PSServer
 from dlrover_core.runtime.strategies.ps.shard import DEFAULT_LR, PSShard
@@ -282,6 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     server.checkpoint()
                 except OSError as e:  # keep serving; the next period tries again
                     log.error("periodic checkpoint failed: %s", e)
+                    if args.master and is_disk_full(e):  # a fact the master acts on
+                        said = f"PS {args.index} cannot write its checkpoint: {e}"
+                        beats.client.report_event(
+                            "ps", args.index, args.incarnation, "disk_full", said
+                        )
 
         if args.checkpoint_every_s > 0 and not stop.is_set():
             saver = threading.Thread(target=periodic, name="ps-checkpoint", daemon=True)
