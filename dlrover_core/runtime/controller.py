@@ -266,25 +266,26 @@ class JobMaster:
             for n in nodes:
                 st.record_launch(n.role, n.node_id, n.incarnation, n.resources,
                                  generation=n.generation, relaunches=n.relaunches)  # fmt: skip
-        started: list[Node] = []
-        try:
-            for n in nodes:
-                n.handle = self.backend.launch(self._node_spec(n))
-                n.stopping_mono = None
-                n.kill_reason = None
-                started.append(n)
-        finally:  # the refs of what started, even when a later launch failed
-            with st.batch():
-                for n in started:
-                    st.record_launch(n.role, n.node_id, n.incarnation, n.resources,
-                                     ref=n.handle.ref if n.handle else "",
-                                     generation=n.generation,
-                                     relaunches=n.relaunches)  # fmt: skip
+        # the backend starts the batch (bounded-concurrency on Kubernetes): a handle or the
+        # exception of each; the refs of what started are recorded before any error is raised
+        results = self.backend.launch_many([self._node_spec(n) for n in nodes])
+        started = [n for n, h in zip(nodes, results, strict=True) if not isinstance(h, Exception)]
+        for n, h in zip(nodes, results, strict=True):
+            if not isinstance(h, Exception):
+                n.handle, n.stopping_mono, n.kill_reason = h, None, None
+        with st.batch():
+            for n in started:
+                st.record_launch(n.role, n.node_id, n.incarnation, n.resources,
+                                 ref=n.handle.ref if n.handle else "", generation=n.generation,
+                                 relaunches=n.relaunches)  # fmt: skip
         for n in started:
             self.launches.append({"time_s": self.clock(), "node": n.name, "generation":
                                   n.generation, "incarnation": n.incarnation,
                                   **n.resources.to_dict()})  # fmt: skip
             log.info("launched %s incarnation %d (%s)", n.name, n.incarnation, n.resources)
+        for h in results:
+            if isinstance(h, Exception):
+                raise h
 
     def launch_successor(
         self,
