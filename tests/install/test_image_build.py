@@ -32,6 +32,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.install.checkout import copy_checkout
+
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "localhost/dlrover-rm:0.1.0"
 # the stand-in for the Dockerfile's base image
@@ -156,20 +158,6 @@ def build_mounts(work: Path) -> list[str]:
     return flags
 
 
-def build_context(dest: Path) -> Path:
-    """A copy of the checkout (tracked and unignored files), so the build reads nothing else."""
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-        capture_output=True, text=True,
-    ).stdout.split("\n")  # fmt: skip
-    for f in filter(None, files):
-        p = ROOT / f
-        if p.is_symlink() or p.is_file():
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, dest / f, follow_symlinks=False)
-    return dest
-
-
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     reason = skip_reason()
@@ -179,7 +167,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert froms == [BASE_FROM], f"the stand-in base stands in for {BASE_FROM}, not {froms}"
     work = tmp_path_factory.mktemp("image")
     base_image(work)
-    ctx = build_context(work / "ctx")
+    ctx = copy_checkout(work / "ctx")
     log = work / "build.log"
     with log.open("w") as out:
         r = subprocess.run(

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.install.checkout import copy_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = Path(__file__).with_name("smoke.py")
@@ -33,16 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's wheel, built from a copy of the checkout (the build writes nothing here)."""
-    src = tmp_path_factory.mktemp("src") / "dlrover-rm"
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-        capture_output=True, text=True,
-    ).stdout.split("\n")  # fmt: skip
-    for f in filter(None, files):
-        p = ROOT / f
-        if p.is_symlink() or p.is_file():
-            (src / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, src / f, follow_symlinks=False)
+    src = copy_checkout(tmp_path_factory.mktemp("src") / "dlrover-rm")
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
