@@ -269,10 +269,11 @@ class JobMaster:
         # the backend starts the batch (bounded-concurrency on Kubernetes): a handle or the
         # exception of each; the refs of what started are recorded before any error is raised
         results = self.backend.launch_many([self._node_spec(n) for n in nodes])
-        started = [n for n, h in zip(nodes, results, strict=True) if not isinstance(h, Exception)]
+        started: list[Node] = []
         for n, h in zip(nodes, results, strict=True):
             if not isinstance(h, Exception):
                 n.handle, n.stopping_mono, n.kill_reason = h, None, None
+                started.append(n)
         with st.batch():
             for n in started:
                 st.record_launch(n.role, n.node_id, n.incarnation, n.resources,

@@ -84,9 +84,12 @@ def plan_change_costs(
         return float(np.interp(t, ts, ds))
 
     tail = float(ts[int(np.argmax(ds >= 0.9 * ds[-1]))])
-    kept = [i for i, t in enumerate(plan_times) if t is not None]
-    times = [float(plan_times[i]) for i in kept]  # type: ignore[arg-type]
-    kind_of = [kinds[i] if kinds is not None and i < len(kinds) else None for i in kept]
+    kept = [
+        (float(t), kinds[i] if kinds is not None and i < len(kinds) else None)
+        for i, t in enumerate(plan_times)
+        if t is not None
+    ]
+    times, kind_of = [t for t, _ in kept], [k for _, k in kept]
 
     def settled(a: float, b: float) -> float | None:
         lo = b - SETTLED_SHARE * (b - a)
