@@ -108,7 +108,7 @@ class PSStrategy:
         self._psset = PSSet(job)
 
     def prepare(self) -> None:
-        pass
+        """Nothing to set up in the master: the PS are nodes, started with the first plan."""
 
     def start(self, plan: ResourcePlan) -> None:
         self.job.adopt_plan(plan)
@@ -322,4 +322,4 @@ class PSStrategy:
         return {"ps_switch_s": list(sw)} if sw else {}
 
     def close(self) -> None:
-        pass
+        """Nothing held in the master to release (the PS stopped with the other nodes)."""
