@@ -33,7 +33,12 @@ from dlrover_core.planner.memory_sizing import (
     ps_memory_from_fit,
     worker_memory_mib,
 )
-from dlrover_core.planner.post_scaling import StragglerMemo, post_scale, ps_memory_along
+from dlrover_core.planner.post_scaling import (
+    StragglerMemo,
+    capacity_cap,
+    post_scale,
+    ps_memory_along,
+)
 from dlrover_core.planner.similar import SimilarConfig
 from dlrover_core.planner.warm_start import similar_runs, stage_one
 from dlrover_core.spec import JobSpec
@@ -90,7 +95,8 @@ class Planner:
         self.config = config or PlannerConfig.from_spec(spec)
         # stage 1 for a new signature: the runs of similar jobs (None: never)
         self.similar = similar
-        self.bounds = JobBounds.from_spec(spec)
+        self.spec_bounds = JobBounds.from_spec(spec)
+        self.bounds = self.spec_bounds  # narrowed by what the cluster could not schedule
         self.model_factory: ModelFactory = model_factory or ModelChoice(self.config.throughput_form)
         # memory fits of the latest observations, reused within and across calls until a
         # new observation arrives (keyed on its time and the window's length)
@@ -283,6 +289,7 @@ class Planner:
         help fit the model. A change is proposed only when the time it is predicted to save
         (on the model's lower band, calibrated to the measured speed) beats its pause. A
         PS memory raise that could wait rides along with the change (``ps_memory_along``)."""
+        self.bounds = capacity_cap(self.spec_bounds, [*past_plans, current])
         d = self._replan(current, observations, samples, now_s, past_plans, prior_samples)
         if d.plan is None:
             shrunk = self._memory_shrink(current, observations, samples, now_s)
@@ -631,6 +638,7 @@ class Planner:
     ) -> PlanDecision:
         """Stage 3 alone (hot, idle, pending, memory-bound and straggling nodes): what a
         caller runs between the stage-2 checks that ``replan``'s ``next_check_s`` paces."""
+        self.bounds = capacity_cap(self.spec_bounds, [*past_plans, current])
         urgent = post_scale(
             self.spec,
             self.config,

@@ -7,6 +7,7 @@ plan took effect count, and a condition must hold in ``hot_window`` consecutive 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -194,6 +195,9 @@ def _raised_ps(
     return RolePlan(ps.count, NodeResources(ps.resources.cpu_millicores, need))
 
 
+PENDING_DROP = "pending_drop"  # workers the cluster cannot schedule, dropped from the plan
+
+
 def _pending(
     spec: JobSpec,
     cfg: PlannerConfig,
@@ -202,15 +206,28 @@ def _pending(
     observations: Sequence[Observation],
     now_s: float,
 ) -> ResourcePlan | None:
+    """Nodes pending past ``pending_timeout_s``: relaunched at a smaller size (the paper's
+    rule, ``faults.pending_action``). A worker already at the smallest size on offer is
+    dropped instead, while other workers run and the count may shrink: the plan shrinks to
+    what the cluster can run rather than stall (``PENDING_DROP``; :func:`capacity_cap`
+    then keeps later plans from asking for those workers again). A PS at the floors waits
+    (the controller fails the job once ``pending_action`` gives up on it)."""
     if not observations:
         return None
     policy = PendingPolicy(timeout_s=cfg.pending_timeout_s)
+    last = observations[-1]
     moves = []
-    for n in observations[-1].nodes:
+    stuck: list[tuple[int, str]] = []  # workers with nothing smaller on offer
+    for n in last.nodes:
         if n.state is not NodeState.PENDING:
             continue
         d = pending_action(n.state_since_s, now_s, n.allocated, policy)
         if d.action is not PendingAction.RELAUNCH:
+            # a drop needs the wait under the current plan: after one, a worker that stays
+            # pending (a lower id, placed once a dropped one leaves) gets a full timeout
+            since = max(n.state_since_s, current.created_at_s)
+            if n.role is Role.WORKER and now_s - since >= policy.timeout_s:
+                stuck.append((n.node_id, d.reason))
             continue
         # a smaller request, but not less memory for a node that came near its limit (a PS
         # relaunched after an OOM with more memory, shrunk back, OOMs again: seed 206)
@@ -225,12 +242,43 @@ def _pending(
             res = NodeResources(res.cpu_millicores, n.allocated.memory_mib)
         if res != n.allocated:
             moves.append(NodeOverride(n.role, n.node_id, res, f"pending: {d.reason}", "relaunch"))
-    if not moves:
+    workers = current.workers
+    drop_reason = ""
+    running = sum(1 for n in last.of(Role.WORKER) if n.state is NodeState.RUNNING)
+    if stuck and running and not bounds.workers.count_fixed:
+        keep = max(bounds.workers.min_count, workers.count - len(stuck), 1)
+        if keep < workers.count:
+            ids = ", ".join(f"worker-{i}" for i, _ in sorted(stuck))
+            drop_reason = (
+                f"{ids} {stuck[0][1]}; the plan shrinks to {keep} worker(s), what the "
+                f"cluster can run ({running} running)"
+            )
+            workers = RolePlan(keep, workers.resources)
+    if not moves and not drop_reason:
         return None
+    overrides = _merge(current.overrides, moves)
+    if drop_reason:
+        overrides = tuple(
+            o for o in overrides if o.role is not Role.WORKER or o.node_id < workers.count
+        )
     reasons = [f"{m.role.value}-{m.node_id} {m.reason}" for m in moves]
-    return _with(
-        current, now_s, reasons, overrides=_merge(current.overrides, moves), action="pending"
-    )
+    reasons += [drop_reason] if drop_reason else []
+    action = PENDING_DROP if drop_reason else "pending"
+    return _with(current, now_s, reasons, workers=workers, overrides=overrides, action=action)
+
+
+def capacity_cap(bounds: JobBounds, plans: Sequence[ResourcePlan]) -> JobBounds:
+    """``bounds`` with the worker count capped at the smallest count a ``PENDING_DROP`` plan
+    of this run shrank to: the cluster could not schedule more, so no later plan (a model
+    move, a sample) asks for them again in this run. A new run starts uncapped."""
+    caps = [p.workers.count for p in plans if p.action == PENDING_DROP]
+    if not caps:
+        return bounds
+    w = bounds.workers
+    cap = max(min(caps), w.min_count)
+    if cap >= w.max_count:
+        return bounds
+    return dataclasses.replace(bounds, workers=dataclasses.replace(w, max_count=cap))
 
 
 def _ps_memory(

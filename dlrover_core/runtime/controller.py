@@ -47,8 +47,11 @@ from dlrover_core.faults import (
     ExitClass,
     FaultPolicy,
     HangPolicy,
+    PendingAction,
+    PendingPolicy,
     RelaunchDecision,
     classify_exit,
+    pending_action,
 )
 from dlrover_core.faults.health import HeartbeatPolicy
 from dlrover_core.planner import Planner
@@ -421,7 +424,11 @@ class JobMaster:
             self.failure = self.failure or self._disk_full(full[0])
         for role, node_id in self.st.dead_nodes(self.heartbeat):
             self._kill(role, node_id, f"no heartbeat for {self.heartbeat.dead_after_s:g} s")
+        unplaced = self._unplaced()
+        self._give_up_unplaced(unplaced)
         for role, node_id in self.st.unregistered_nodes(self.spec.pacing.pending_timeout_s):
+            if (role, node_id) in unplaced:
+                continue  # the cluster has no room for it: the planner's pending rule acts
             n = self.nodes.get((role, node_id))
             u = self.backend.usage(n.handle) if n is not None and n.handle is not None else None
             if u is not None and u.cpu_percent > 5.0:
@@ -438,6 +445,37 @@ class JobMaster:
             grace = max(60.0, 3 * self.spec.pacing.dead_after_s)
             if n.stopping_mono is not None and n.handle and now - n.stopping_mono > grace:
                 self.backend.stop(n.handle, grace_s=5.0, wait=False)
+
+    def _unplaced(self) -> dict[NodeKey, float]:
+        """The nodes the cluster cannot place (``Backend.pending_since``), with since when."""
+        out = {}
+        for k, n in self.nodes.items():
+            since = self.backend.pending_since(n.handle) if n.handle is not None else None
+            if since is not None:
+                out[k] = since
+        return out
+
+    def _give_up_unplaced(self, unplaced: dict[NodeKey, float]) -> None:
+        """A node unplaced past the pending policy's ``give_up_after_s`` at a size that cannot
+        shrink fails the job when the job cannot do without it (a PS; the last workers): the
+        cluster has no room even for the minimum. A worker others can do without is dropped
+        by the planner's pending rule long before."""
+        policy = PendingPolicy(timeout_s=self.spec.pacing.pending_timeout_s)
+        now = self.clock()
+        placed_workers = sum(
+            1
+            for k, n in self.nodes.items()
+            if k[0] is Role.WORKER and n.handle is not None and k not in unplaced
+        )
+        for (role, node_id), since in sorted(unplaced.items()):
+            n = self.nodes[(role, node_id)]
+            d = pending_action(since, now, n.resources, policy)
+            if d.action is PendingAction.GIVE_UP and (role is Role.PS or not placed_workers):
+                self.failure = self.failure or (
+                    f"{n.name} could not be scheduled: {d.reason}; free capacity in the "
+                    "cluster or lower the spec's constraints and quota, then resume the run"
+                )
+                return
 
     def _check_resizes(self) -> None:
         """An accepted in-place resize the node cannot give (infeasible, or still deferred
@@ -483,7 +521,7 @@ class JobMaster:
         assert self.state is not None and self.plan is not None
         now = self.clock()
         measure_ps(self.nodes, self.backend, self.st)
-        obs = self.state.observation(now, self._allocated())
+        obs = self.state.observation(now, self._allocated(), self._unplaced())
         self.observations.append(obs)
         del self.observations[:-200]
         running = obs.of(Role.WORKER)

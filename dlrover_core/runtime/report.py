@@ -175,6 +175,7 @@ def write_report(
         "plans": [
             {
                 "stage": p.get("stage"),
+                "action": p.get("action") or None,  # the stage-3 rule that made it, if any
                 "time_s": p.get("time_s"),
                 "reasons": p.get("reasons", []),
                 "workers": p.get("workers"),

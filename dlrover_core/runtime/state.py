@@ -746,15 +746,33 @@ class MasterState:
             ]
             return int(sum(rows)) if rows else None
 
-    def observation(self, now: float, allocated: Mapping[NodeKey, NodeResources]) -> Observation:
+    def observation(
+        self,
+        now: float,
+        allocated: Mapping[NodeKey, NodeResources],
+        unplaced: Mapping[NodeKey, float] | None = None,
+    ) -> Observation:
         """One :class:`NodeObservation` per allocated node (never seen: PENDING) from the
-        latest heartbeats; job throughput = sum of running workers' samples/s."""
+        latest heartbeats; job throughput = sum of running workers' samples/s.
+
+        ``unplaced``: the nodes the cluster cannot place, with since when (the backend's
+        ``pending_since``). A node not yet registered is PENDING; its ``state_since_s`` is
+        that time when it is unplaced, else ``now``: a node that was placed and is still
+        starting is not "pending" to the planner's pending rule (the master's
+        never-registered check handles it)."""
+        unplaced = unplaced or {}
         with self._lock:
             nodes = []
             for (role, node_id), res in sorted(allocated.items()):
-                rec = self.nodes.get((Role(role), node_id))
-                if rec is None:
-                    nodes.append(NodeObservation(Role(role), node_id, NodeState.PENDING, res))
+                key = (Role(role), node_id)
+                rec = self.nodes.get(key)
+                if rec is None or rec.state is NodeState.PENDING:
+                    since = unplaced.get(key, now)
+                    nodes.append(
+                        NodeObservation(
+                            key[0], node_id, NodeState.PENDING, res, state_since_s=since
+                        )
+                    )
                     continue
                 s = rec.stats
                 nodes.append(

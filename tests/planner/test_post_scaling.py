@@ -13,8 +13,14 @@ from hypothesis import strategies as st
 from dlrover_core.planner import PlannerConfig
 from dlrover_core.planner.bounds import JobBounds
 from dlrover_core.planner.memory_sizing import fit_ps_memory
-from dlrover_core.planner.post_scaling import post_scale, ps_memory_along
+from dlrover_core.planner.post_scaling import (
+    PENDING_DROP,
+    capacity_cap,
+    post_scale,
+    ps_memory_along,
+)
 from dlrover_core.types import (
+    NodeObservation,
     NodeOverride,
     NodeResources,
     NodeState,
@@ -447,7 +453,6 @@ def test_a_straggler_is_replaced_only_when_that_pays_for_the_pause(
         ((16000, 32768), 800.0, 900, None),
         ((6000, 8192), 1000.0, 900, (4000, 6144)),  # floors: 4 CPU, 6 GiB
         ((16000, 32768), 31.0, 30, (8000, 16384)),  # the timeout comes from the spec
-        ((4000, 6144), 5000.0, 900, None),  # at the floors: nothing smaller to offer
     ],
 )
 def test_pending_node_relaunched_at_half_size(
@@ -483,6 +488,63 @@ def test_pending_node_relaunched_at_half_size(
         ),
     )
     assert plan.reasons[0].startswith("worker-1 pending:")
+
+
+def _stuck_worker(node_id: int, since_s: float = 0.0) -> NodeObservation:
+    return node(Role.WORKER, node_id, cpu=4000, mem=6144, cpu_util=0.0, mem_util=0.0,
+                state=NodeState.PENDING, since_s=since_s)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("workers", "stuck", "spec", "keep"),
+    [
+        (3, [2], {}, 2),  # at the floors: nothing smaller on offer, so the plan drops it
+        (4, [2, 3], {}, 2),  # every stuck worker at once: to what the cluster runs
+        (4, [2, 3], {"constraints__workers__min": 3}, 3),  # never under the spec's minimum
+        (3, [2], {"constraints__workers__count": 3}, None),  # a pinned count: it waits
+    ],
+)
+def test_pending_worker_that_cannot_shrink_is_dropped_from_the_plan(
+    workers: int, stuck: list[int], spec: dict[str, Any], keep: int | None
+) -> None:
+    """A worker pending past the timeout with nothing smaller on offer: the plan shrinks to
+    what the cluster can run (the issue's "rather than stalling"), not a wait for capacity
+    that may never come; the workers that run keep running."""
+    current = make_plan((workers, 4000, 6144), (1, 2000, 4096), created_at_s=T0)
+    running = [100.0] * (workers - len(stuck))
+    obs = [make_obs(999.0, worker_speeds=running, worker_cpu=4000, worker_mem=6144,
+                    extra=[_stuck_worker(i) for i in stuck])]  # fmt: skip
+    plan = run(current, obs, now_s=1000.0, **spec)
+    if keep is None:
+        assert plan is None
+        return
+    assert plan is not None and plan.action == PENDING_DROP
+    assert plan.workers.count == keep
+    assert plan.workers.resources == current.workers.resources and plan.ps == current.ps
+    assert "what the cluster can run" in plan.reasons[-1], plan.reasons
+
+
+def test_pending_worker_not_dropped_before_the_timeout_or_without_a_running_worker() -> None:
+    current = make_plan((2, 4000, 6144), (1, 2000, 4096), created_at_s=T0)
+    early = [make_obs(500.0, worker_speeds=[100.0], worker_cpu=4000, worker_mem=6144,
+                      extra=[_stuck_worker(1, since_s=0.0)])]  # fmt: skip
+    assert run(current, early, now_s=600.0) is None
+    # no worker runs: dropping one leaves a job that cannot train either; it waits (and the
+    # controller gives up on it after the policy's give_up_after_s)
+    none_run = [make_obs(999.0, worker_speeds=[], extra=[_stuck_worker(0), _stuck_worker(1)])]
+    assert run(current, none_run, now_s=1000.0) is None
+
+
+def test_capacity_cap_keeps_later_plans_at_what_the_cluster_ran() -> None:
+    s = make_spec(quota=BIG)
+    bounds = JobBounds.from_spec(s)
+    dropped = make_plan((2, 4000, 6144), (1, 2000, 4096)).replace(action=PENDING_DROP)
+    other = make_plan((5, 4000, 6144), (1, 2000, 4096))
+    assert capacity_cap(bounds, [other]) is bounds
+    capped = capacity_cap(bounds, [other, dropped])
+    assert capped.workers.max_count == 2 and capped.ps == bounds.ps
+    w, _, _ = capped.fit(RolePlan(6, NodeResources(4000, 6144)), dropped.ps)
+    assert w.count == 2
 
 
 @pytest.mark.parametrize(
@@ -587,3 +649,14 @@ def test_fewer_ps_are_sized_for_everything_the_ps_hold_now() -> None:
     assert ps_memory_from_fit(fit, 1, obs, 1.2) == pytest.approx(6000 * 1.2, rel=1e-3)
     # more PS: the fixed part stays per PS (an upper bound, as it should be for a raise)
     assert ps_memory_from_fit(fit, 4, obs, 1.2) == pytest.approx(3000 * 1.2, rel=1e-3)
+
+
+def test_no_second_drop_before_a_full_timeout_under_the_new_plan() -> None:
+    """After a drop, a worker still pending (a lower id, placed once a dropped worker leaves
+    and frees its room) is given a whole timeout under the new plan: no cascade of drops."""
+    dropped = make_plan((2, 4000, 6144), (1, 2000, 4096), created_at_s=1000.0)
+    obs = [make_obs(1100.0, worker_speeds=[100.0], worker_cpu=4000, worker_mem=6144,
+                    extra=[_stuck_worker(1, since_s=0.0)])]  # fmt: skip
+    assert run(dropped.replace(action=PENDING_DROP), obs, now_s=1101.0) is None
+    later = run(dropped.replace(action=PENDING_DROP), obs, now_s=1950.0)
+    assert later is not None and later.workers.count == 1

@@ -221,6 +221,55 @@ def test_an_infeasible_in_place_resize_becomes_a_relaunch(
 
 
 @pytest.mark.parametrize(
+    ("unplaced", "waited_s", "fails"),
+    [
+        ({(Role.PS, 0)}, 3600.0, True),  # a PS at the floors, past give_up_after_s
+        ({(Role.PS, 0)}, 3000.0, False),  # not yet: capacity may free up
+        ({(Role.WORKER, 1)}, 3600.0, False),  # a worker others run without: the planner drops it
+        ({(Role.WORKER, 0), (Role.WORKER, 1)}, 3600.0, True),  # no worker placed at all
+    ],
+)
+def test_a_node_the_cluster_never_places_fails_the_job_only_when_needed(
+    tmp_path: Path, unplaced: set[tuple[Role, int]], waited_s: float, fails: bool
+) -> None:
+    """Unplaced nodes (the backend's ``pending_since``) are not killed as "never
+    registered"; once the pending policy gives up on one the job cannot do without (a PS,
+    or every worker), the job fails with a line that says what to do."""
+    from dlrover_core.runtime.backends.base import NodeHandle
+    from dlrover_core.runtime.backends.local import LocalBackend
+    from dlrover_core.runtime.controller import JobMaster
+    from dlrover_core.runtime.nodes import Node
+    from tests.factories import make_spec
+
+    class Backend(LocalBackend):
+        def pending_since(self, handle: NodeHandle) -> float | None:
+            return 0.0 if (handle.role, handle.node_id) in unplaced else None
+
+        def kill(self, handle: NodeHandle) -> None:
+            killed.append((handle.role, handle.node_id))
+
+    killed: list[tuple[Role, int]] = []
+    m = JobMaster(make_spec(), tmp_path / "run", Backend(), clock=lambda: waited_s,
+                  monotonic=lambda: 1e6)  # fmt: skip
+    mono = [0.0]
+    m.state = MasterState(
+        tmp_path / "run", total_rows=1000, shard_size=100, monotonic=lambda: mono[0]
+    )
+    for k, (role, i) in enumerate([(Role.PS, 0), (Role.WORKER, 0), (Role.WORKER, 1)]):
+        n = Node(role, i, NodeResources(1000, 1536))
+        n.handle = NodeHandle(role, i, 0, str(4_000_000 + k), 0.0)  # no such pid
+        m.nodes[(role, i)] = n
+        m.state.record_launch(role, i, 0, n.resources, ref=n.handle.ref)
+    mono[0] = 1e6  # every node launched long ago, none registered
+    m._check_liveness()
+    assert killed == [k for k in sorted(m.nodes) if k not in unplaced]  # never registered
+    assert (m.failure is not None) == fails, m.failure
+    if fails:
+        assert "could not be scheduled" in m.failure and "free capacity" in m.failure
+    m.state.close()
+
+
+@pytest.mark.parametrize(
     ("frozen", "state", "restored", "replayed"),
     [
         (True, GEN_STARTING, 3, []),  # a planned change's frozen checkpoints: nothing lost

@@ -276,6 +276,14 @@ class Backend(Protocol):
         later), ``"in_progress"``, or ``None`` (done, or nothing to follow)."""
         ...
 
+    def pending_since(self, handle: NodeHandle) -> float | None:
+        """When (wall-clock seconds) the cluster was first seen unable to place the node
+        (Kubernetes: ``PodScheduled=False``, reason ``Unschedulable``); ``None`` while it is
+        placed, or where nothing can leave it unplaced (local processes). The planner's
+        pending rule shrinks or drops such a node; the master does not kill it as one that
+        "never registered"."""
+        ...
+
     def event(
         self, handle: NodeHandle | None, reason: str, message: str, *, warning: bool = False
     ) -> None:

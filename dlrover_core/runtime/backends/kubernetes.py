@@ -486,14 +486,15 @@ class KubernetesBackend:
             pod = node.last if node is not None and node.handle == handle else None
         return pod_resize_state(pod) if pod is not None else None
 
-    # ------------------------------------------------------------------ extras
-
     def pending_since(self, handle: NodeHandle) -> float | None:
-        """When (this backend's clock) the pod was first seen unschedulable; ``None`` when it
-        is not pending. The master applies ``faults.pending_action`` to it."""
+        """When (this backend's clock, wall seconds by default) the pod was first seen
+        unschedulable; ``None`` when it is not pending. The planner's pending rule acts on it;
+        the master gives up on it per ``faults.pending_action``."""
         with self._lock:
             node = self._pods.get(handle.ref)
             return node.pending_since if node is not None and node.exit is None else None
+
+    # ------------------------------------------------------------------ extras
 
     def pod(self, handle: NodeHandle) -> dict[str, Any] | None:
         """The pod as last observed (JSON form)."""

@@ -325,6 +325,10 @@ class LocalBackend:
         """A local re-pin is done when :meth:`resize` returns."""
         return None
 
+    def pending_since(self, handle: NodeHandle) -> float | None:
+        """A local process starts at once: never left unplaced."""
+        return None
+
     def event(
         self, handle: NodeHandle | None, reason: str, message: str, *, warning: bool = False
     ) -> None:

@@ -433,3 +433,60 @@ def test_a_stopped_ps_pod_is_found_by_its_heartbeats_and_relaunched(
     faults = [(f["node"], f["action"], f.get("why", "")) for f in report["faults"]]
     assert any(n == "ps-0" and a == "relaunch" and "heartbeat" in w for n, a, w in faults), faults
     assert _live_pods(apiserver) == []
+
+
+def test_an_unschedulable_worker_shrinks_the_plan_to_what_the_cluster_runs(
+    apiserver: ApiServerThread, tmp_path: Path
+) -> None:
+    """Issue 34, item 3: the plan asks for 3 workers, the (stand-in) node has room for the
+    PS and 2 of them; the third pod stays ``PodScheduled=False/Unschedulable``. The master
+    does not kill it as "never registered" nor wait forever: after ``pending_timeout_s`` the
+    planner's pending rule drops it (at 1 CPU there is nothing smaller on offer), the pod is
+    deleted at once, later plans stay at 2 workers, and the job trains to the end, exactly
+    once, with no pod left."""
+    timeout_s = 12.0
+    spec = load_spec(
+        SMALL,
+        [
+            "data.rows=1500000",
+            "quota.cpu=4",  # the quota allows 3 workers: the cluster is what is short
+            "constraints.workers.max=3",
+            f"pacing.pending_timeout_s={timeout_s:g}",
+            "pacing.dead_after_s=60",
+        ],
+    )
+    plan = _plan(workers=3)
+    room = plan.ps.resources + plan.workers.resources + plan.workers.resources
+    deadline = time.monotonic() + 480
+    seen: dict[str, float] = {}
+
+    def on_tick(m: JobMaster) -> None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the job did not finish in time")
+        n = m.nodes.get((Role.WORKER, 2))
+        if n is not None and n.handle is not None and m.backend.pending_since(n.handle):
+            seen.setdefault("unschedulable", time.monotonic())
+        if m.current_plan.workers.count == 2:
+            seen.setdefault("dropped", time.monotonic())
+
+    with KubeletStandIn(apiserver.client(), NAMESPACE, tmp_path / "node", capacity=room) as kubelet:
+        state_dir = kubelet.root / "pvc" / "state"
+        state_dir.mkdir(parents=True)
+        m = make_master(spec, apiserver.url, NAMESPACE, state_dir, plan=plan, on_tick=on_tick)
+        report = m.run()
+        assert kubelet.errors == []
+    assert report["state"] == "succeeded", report.get("reason")
+    fk.check_exactly_once(report)
+    assert "unschedulable" in seen, "the stand-in never left worker-2 unschedulable"
+    drops = [p for p in report["plans"] if p.get("action") == "pending_drop"]
+    assert len(drops) == 1, [(p["workers"]["count"], p.get("action")) for p in report["plans"]]
+    assert drops[0]["workers"]["count"] == 2
+    assert "what the cluster can run" in " ".join(drops[0]["reasons"])
+    later = report["plans"][report["plans"].index(drops[0]) :]
+    assert max(p["workers"]["count"] for p in later) == 2  # capped at what the cluster ran
+    # dropped one timeout after it was first seen unschedulable (plus a heartbeat or two)
+    waited = seen["dropped"] - seen["unschedulable"]
+    assert timeout_s - 1 <= waited <= timeout_s + 15, waited
+    # never killed as a node that "never registered": its pod was deleted as a scale-down
+    assert not any(f["node"] == "worker-2" for f in report["faults"]), report["faults"]
+    assert _live_pods(apiserver) == []

@@ -213,10 +213,18 @@ class PSStrategy:
                 job.start_worker(i, want)
         for i in range(new.workers.count, old.workers.count):
             n = job.nodes.get((Role.WORKER, i))
-            if n is not None and n.handle is not None and n.stopping_mono is None:
-                job.st.request_stop(i)
-                n.stopping_mono = job.mono()
-                job.event(n.handle, "ScalingDown", f"{n.name}: asked to finish its shard")
+            if n is None or n.handle is None or n.stopping_mono is not None:
+                continue
+            n.stopping_mono = job.mono()
+            rec = job.st.nodes.get((Role.WORKER, i))
+            if rec is None or rec.state is NodeState.PENDING:
+                # never registered (e.g. unschedulable): it holds no shard, so it is stopped
+                # at once rather than asked to finish one
+                job.event(n.handle, "ScalingDown", f"{n.name}: never started; stopped")
+                job.backend.stop(n.handle, grace_s=5.0, wait=False)
+                continue
+            job.st.request_stop(i)
+            job.event(n.handle, "ScalingDown", f"{n.name}: asked to finish its shard")
 
     def on_exit(self, n: Node, e: NodeExit, cls: ExitClass) -> None:
         job, st = self.job, self.job.st
