@@ -18,7 +18,9 @@ made (the server's request log, the driver's own requests left out):
 6. API errors: a batch launch of ``--pods`` while the server answers the first
    ``--faults`` creates with 429 and the first lists with 503: it completes; seconds, retries.
 7. throttled: a batch launch of ``--pods`` against a server that answers 429 to any request
-   beyond 4 in flight (API priority and fairness' concurrency limit): seconds, 429s.
+   beyond 4 in flight (API priority and fairness' concurrency limit): seconds, 429s; then
+   the same with ``Retry-After: 1`` on each 429, as API priority and fairness sends it (one
+   throttle holds every create of the batch for that long).
 
 The stand-in adds ``--latency-ms`` to each answer (not to a watch): kmock alone answers in
 about a millisecond, a real API server's write waits on etcd.
@@ -375,9 +377,12 @@ def _faults(pods: int, concurrency: int, faults: int, resync_s: float) -> dict[s
     }
 
 
-def _throttled(pods: int, concurrency: int, max_inflight: int, resync_s: float) -> dict[str, Any]:
+def _throttled(
+    pods: int, concurrency: int, max_inflight: int, resync_s: float, retry_after: int | None = None
+) -> dict[str, Any]:
     with _Server() as srv:
         srv.api.max_inflight = max_inflight
+        srv.api.retry_after_s = retry_after
         b = _backend(srv, concurrency, resync_s)
         cnt = Counter(srv)
         cnt.start()
@@ -391,6 +396,7 @@ def _throttled(pods: int, concurrency: int, max_inflight: int, resync_s: float) 
     return {
         "pods": pods,
         "server_max_inflight": max_inflight,
+        "retry_after_s": retry_after,
         "seconds": round(took, 3),
         "launched": sum(isinstance(r, NodeHandle) for r in res),
         "pods_stored": stored,
@@ -425,6 +431,8 @@ def run_k8s_scale(
         pods, concurrency, pods // 3 if faults is None else faults, resync_s
     )
     out["api_throttled"] = _throttled(pods, concurrency, 4, resync_s)
+    # what API priority and fairness answers: 429 with Retry-After (the whole batch holds)
+    out["api_throttled_retry_after"] = _throttled(pods, concurrency, 4, resync_s, retry_after=1)
     out["load_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
 

@@ -77,6 +77,7 @@ from dlrover_core.runtime.backends.kubernetes_api import (
     _default_client,
     _status_message,
     _transient,
+    fit_pool,
     owner_for_master,
 )
 from dlrover_core.runtime.backends.kubernetes_events import EventSender
@@ -178,11 +179,15 @@ class KubernetesBackend:
             raise InputError(f"resync_s must be > 0, got {resync_s}")
         if api_client is None:
             api_client = _default_client()
+        fit_pool(api_client, launch_concurrency)  # a batch of creates, each on a connection
         self.api = api_client
         self.core = k8s.CoreV1Api(api_client)
         self._stopping = threading.Event()
         self._call = _Caller(
-            str(api_client.configuration.host), retry or RetryPolicy(), self._stopping
+            str(api_client.configuration.host),
+            retry or RetryPolicy(),
+            self._stopping,
+            max_inflight=launch_concurrency + 4,  # a batch, the lists, the control loop
         )
         self._timeout = (retry or RetryPolicy()).request_timeout_s
         self._clock = clock

@@ -133,6 +133,7 @@ class ApiServer(kmock.KubernetesEmulator):
     latency_s: float = 0.0  # added to every answer but a watch's (a real server's etcd write)
     max_inflight: int = 0  # > 0: a request beyond that many in flight gets 429 (API priority
     # and fairness' concurrency limit); watches are not counted
+    retry_after_s: int | None = None  # the throttle's Retry-After header (APF sends one)
     throttled: int = attrs.field(default=0, init=False)
     _inflight: int = attrs.field(default=0, init=False)
     log_dir: Path | None = None  # where pod logs are read from (the kubelet's root/logs)
@@ -206,9 +207,16 @@ class ApiServer(kmock.KubernetesEmulator):
         if str(request.params.get("watch", "")).lower() not in ("true", "1"):
             if self.max_inflight > 0 and self._inflight >= self.max_inflight:
                 self.throttled += 1
-                raise KubernetesError(
-                    status=429, reason="TooManyRequests", message="too many requests in flight"
-                )
+                if self.retry_after_s is None:
+                    raise KubernetesError(
+                        status=429, reason="TooManyRequests", message="too many requests in flight"
+                    )
+                return aiohttp.web.json_response(
+                    {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+                     "reason": "TooManyRequests", "message": "too many requests in flight"},
+                    status=429,
+                    headers={"Retry-After": str(self.retry_after_s)},
+                )  # fmt: skip
             self._inflight += 1
             try:
                 if self.latency_s > 0:

@@ -15,7 +15,7 @@ from conftest import NAMESPACE
 
 from dlrover_core.errors import InputError
 from dlrover_core.runtime.backends.base import NodeHandle, NodeSpec, launch_each
-from dlrover_core.runtime.backends.kubernetes import KubernetesBackend
+from dlrover_core.runtime.backends.kubernetes import KubernetesBackend, RetryPolicy
 from dlrover_core.types import NodeResources, Role
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,6 +51,61 @@ def test_launch_many_keeps_creates_in_flight_bounded(
     assert [h.node_id for h in out if isinstance(h, NodeHandle)] == list(range(24))
     assert len(apiserver.api.objects_of("pods", NAMESPACE)) == 24
     assert (apiserver.api.throttled > 0) is throttled
+
+
+def test_a_throttle_narrows_the_window_of_calls_in_flight_and_honours_retry_after() -> None:
+    """A 429 with ``Retry-After``: that call waits it out and succeeds; the window of calls
+    in flight (every thread's) halves once per burst of 429s, then grows back on
+    successes; a call made inside a call (a create reading the pod on 409) reuses its slot."""
+    import time
+
+    from kubernetes.client.rest import ApiException
+
+    from dlrover_core.runtime.backends.kubernetes_api import RetryPolicy, _Caller, retry_after_s
+
+    caller = _Caller("test", RetryPolicy(initial_s=0.01, max_s=0.05, outage_s=30.0), None, 8)
+    tries = [0]
+
+    def throttled_twice() -> str:
+        tries[0] += 1
+        if tries[0] <= 2:
+            e = ApiException(status=429, reason="TooManyRequests")
+            e.headers = {"Retry-After": "1"}
+            raise e
+        return caller("read pod", lambda: "created")  # nested: no second slot needed
+
+    t0 = time.monotonic()
+    assert caller("create pod", throttled_twice) == "created"
+    assert time.monotonic() - t0 >= 2.0 and tries[0] == 3 and caller.throttled == 2
+    assert caller.window < 8.0  # narrowed (twice: the 429s were a second apart)
+    for _ in range(200):
+        caller("get", lambda: None)
+    assert caller.window == 8.0  # grown back to the most in flight
+    caller.window = 1.0  # one slot: a nested call that asked for another would deadlock
+    assert caller("create", lambda: caller("read", lambda: "nested")) == "nested"
+    e = ApiException(status=429)
+    e.headers = {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    assert retry_after_s(e) is None  # a date: the backoff applies
+    assert retry_after_s(ApiException(status=500)) is None
+
+
+def test_a_throttled_batch_honours_retry_after_and_sizes_its_pool(
+    make_backend: MakeBackend, apiserver: ApiServerThread
+) -> None:
+    """The stand-in sheds load like API priority and fairness (429 + ``Retry-After: 1``):
+    every pod is still created, and the batch does not keep hitting the limit (the window
+    of creates in flight narrows). The client's pool holds the batch's connections."""
+    apiserver.api.latency_s = 0.02
+    apiserver.api.max_inflight = 5
+    apiserver.api.retry_after_s = 1
+    patient = RetryPolicy(initial_s=0.02, max_s=0.1, outage_s=60.0, request_timeout_s=5.0)
+    b = make_backend(launch_concurrency=12, retry=patient)
+    assert b.api.configuration.connection_pool_maxsize >= 12
+    out = b.launch_many([_spec(i) for i in range(24)])
+    assert [h.node_id for h in out if isinstance(h, NodeHandle)] == list(range(24))
+    assert apiserver.api.throttled > 0
+    assert b._call.throttled == apiserver.api.throttled  # every 429 was seen as a throttle
+    assert apiserver.api.throttled <= 3 * 12, apiserver.api.throttled  # not a retry storm
 
 
 def test_launch_many_reports_refusals_and_duplicates_per_spec(
