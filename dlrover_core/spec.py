@@ -460,6 +460,11 @@ class BackendSpec(_Strict):
     refuses to start without one."""
 
     kind: Literal["local", "kubernetes"] = "local"
+    cpu_limit: Literal["pin", "quota"] = Field(
+        default="pin",
+        description="local nodes' CPU: 'pin' to ceil(cores) CPUs, or 'quota', a CFS quota of "
+        "cores x the period as a pod's CPU limit (needs a writable cgroup cpu controller)",
+    )
     namespace: str = "default"
     image: str = "dlrover-rm:latest"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"

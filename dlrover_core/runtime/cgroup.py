@@ -7,6 +7,7 @@ with its nodes. :func:`read_limits` reads the limits (cgroup v2, else v1);
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,3 +110,81 @@ def describe(limits: CgroupLimits) -> str:
     )
     mem = "no memory limit" if limits.memory_mib is None else format_memory(limits.memory_mib)
     return f"{cpu}, {mem}"
+
+
+# --- CPU quotas for local nodes (what Kubernetes gives a pod's CPU limit) -------------------
+
+CFS_PERIOD_US = 100_000
+
+
+class CpuQuotas:
+    """A CFS quota per local node: a cgroup ``<root>/<prefix>/<node>`` whose
+    ``cpu.cfs_quota_us`` (v1) or ``cpu.max`` (v2) is the node's cores × the period, as a
+    pod's CPU limit is on Kubernetes, so 0.5 CPU is half a core of time, not a whole pinned
+    CPU. Needs a writable cgroup ``cpu`` controller (root, or a delegated subtree):
+    :meth:`open` returns None where there is none. A node's process is moved in right after
+    it starts (before it starts any child of its own); its cgroup is removed once it ended."""
+
+    def __init__(self, base: Path, v2: bool) -> None:
+        self.base = base
+        self.v2 = v2
+        self._made: set[Path] = set()
+
+    @classmethod
+    def open(cls, prefix: str, root: Path = CGROUP_ROOT) -> CpuQuotas | None:
+        candidates = [(root / "cpu", False), (root, True), (root / "unified", True)]
+        for path, v2 in candidates:
+            probe = path / ("cpu.max" if v2 else "cpu.cfs_quota_us")
+            if v2 and "cpu" not in (_read(path / "cgroup.subtree_control") or "").split():
+                continue
+            if not probe.exists():
+                continue
+            base = path / prefix
+            try:
+                base.mkdir(parents=True, exist_ok=True)
+                if v2:  # children of base may use the cpu controller
+                    (base / "cgroup.subtree_control").write_text("+cpu")
+            except OSError as e:
+                log.debug("no CPU quotas under %s: %s", path, e)
+                continue
+            return cls(base, v2)
+        return None
+
+    def place(self, name: str, pid: int, cores: float) -> bool:
+        """Move ``pid`` into the cgroup of ``name`` limited to ``cores`` (0: no limit)."""
+        group = self.base / name
+        try:
+            group.mkdir(exist_ok=True)
+            self._made.add(group)
+            self.set(name, cores)
+            (group / "cgroup.procs").write_text(str(pid))
+        except OSError as e:
+            log.warning("could not limit %s to %.2f CPU: %s", name, cores, e)
+            return False
+        return True
+
+    def set(self, name: str, cores: float) -> None:
+        """The quota of ``name``'s cgroup: ``cores`` of CPU time per period (0: none)."""
+        group = self.base / name
+        quota = round(cores * CFS_PERIOD_US) if cores > 0 else -1
+        if self.v2:
+            (group / "cpu.max").write_text(f"{quota if quota > 0 else 'max'} {CFS_PERIOD_US}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def remove(self, name: str) -> None:
+        """Remove ``name``'s cgroup (its processes have ended; a live one keeps it)."""
+        group = self.base / name
+        with contextlib.suppress(OSError):
+            group.rmdir()
+            self._made.discard(group)
+
+    def close(self) -> None:
+        """Remove every cgroup made (those whose processes ended) and the base if empty."""
+        for group in list(self._made):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                self._made.discard(group)
+        with contextlib.suppress(OSError):
+            self.base.rmdir()

@@ -121,7 +121,8 @@ def run_trial(
         elif time.monotonic() - t0 > max_s:
             m.stop_reason = "profiling trial timed out"
 
-    master = JobMaster(spec, run_dir, LocalBackend(), plan=plan, on_tick=enough, replan=False)
+    backend = LocalBackend(cpu_limit=spec.backend.cpu_limit)
+    master = JobMaster(spec, run_dir, backend, plan=plan, on_tick=enough, replan=False)
     master.run()
     got = master.samples[-windows:]
     if not got:

@@ -12,7 +12,10 @@ protocol):
   may override them), and the process is pinned to ``ceil(cores)`` CPUs chosen round-robin
   over the CPUs this process may use (all of them when ``cores`` covers the machine or is 0).
   The pinning is race-free: the launching thread pins *itself*, forks the child (which inherits
-  the mask before it runs a single instruction of its own) and restores its mask.
+  the mask before it runs a single instruction of its own) and restores its mask. With
+  ``cpu_limit="quota"`` (``backend.cpu_limit``) a node gets a CFS quota of ``cores`` instead
+  (its own cgroup, :class:`~dlrover_core.runtime.cgroup.CpuQuotas`): 0.5 CPU is half a core's
+  time, as a pod's CPU limit; an in-place resize rewrites the quota.
 - **Memory (enforced).** A monitor thread samples each node's resident memory (leader plus
   all descendants, via psutil) every ``poll_interval_s``; over ``resources.memory_mib`` (0 = no
   limit) the group is SIGKILLed and the exit reported with reason ``"OOMKilled"``, which
@@ -68,6 +71,7 @@ from dlrover_core.runtime.backends.base import (
     NodeUsage,
     launch_each,
 )
+from dlrover_core.runtime.cgroup import CpuQuotas
 from dlrover_core.types import NodeResources, Role
 from dlrover_core.units import mib_from_bytes
 
@@ -125,9 +129,20 @@ class LocalBackend:
         poll_interval_s: float = 0.2,
         cpu_count: int | None = os.cpu_count(),
         usage_window_s: float = 2.0,
+        cpu_limit: str = "pin",
     ) -> None:
         if poll_interval_s <= 0:
             raise InputError(f"poll_interval_s must be > 0, got {poll_interval_s}")
+        if cpu_limit not in ("pin", "quota"):
+            raise InputError(f"cpu_limit must be 'pin' or 'quota', got {cpu_limit!r}")
+        self._quotas: CpuQuotas | None = None
+        if cpu_limit == "quota":
+            self._quotas = CpuQuotas.open(f"dlrover-rm/{os.getpid()}-{id(self):x}")
+            if self._quotas is None:
+                raise InputError(
+                    "backend.cpu_limit=quota needs a writable cgroup cpu controller (root, or "
+                    "a delegated cgroup); set backend.cpu_limit=pin on this machine"
+                )
         self._clock = clock
         self._interval = poll_interval_s
         self._window = usage_window_s
@@ -157,7 +172,7 @@ class LocalBackend:
                     f"{spec.name} is already running (pid {old.pid}); relaunch it with the next "
                     "incarnation or stop it first"
                 )
-            cpus = self._choose_cpus(spec.resources)
+            cpus = self._choose_cpus(spec.resources) if self._quotas is None else None
         env = {
             **os.environ,
             "OMP_NUM_THREADS": str(threads_for(spec.resources)),
@@ -181,6 +196,10 @@ class LocalBackend:
             raise InputError(
                 f"cannot start {spec.name}: {exc}; check the node's command {spec.argv[:3]}..."
             ) from exc
+        if self._quotas is not None:
+            # right after the start: the node's interpreter is still starting up, long
+            # before it starts a child of its own (children inherit the cgroup)
+            self._quotas.place(_group_name(key), popen.pid, spec.resources.cpu_cores)
         leader = psutil.Process(popen.pid)
         handle = NodeHandle(
             spec.role, spec.node_id, spec.incarnation, str(popen.pid), self._clock()
@@ -316,6 +335,8 @@ class LocalBackend:
         self._stopping.set()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=5.0)
+        if self._quotas is not None:
+            self._quotas.close()
 
     def endpoint(self) -> tuple[str, str]:
         """Everything runs on this machine: bind and advertise loopback."""
@@ -342,6 +363,13 @@ class LocalBackend:
             node = self._nodes.get(self._key(handle))
             if node is None or node.handle != handle or node.exit is not None:
                 return False
+            if self._quotas is not None and resources.memory_mib == node.resources.memory_mib:
+                try:  # a CPU quota changes in place, as a pod's resize does
+                    self._quotas.set(_group_name(node.key), resources.cpu_cores)
+                except OSError:
+                    return False
+                node.resources = resources
+                return True
             if node.cpus is None or resources.memory_mib != node.resources.memory_mib:
                 return False
             cpus = self._choose_cpus(resources)
@@ -596,6 +624,8 @@ class LocalBackend:
         )
         node.rss_mib = None
         self._exits.append(node.exit)
+        if self._quotas is not None:
+            self._quotas.remove(_group_name(node.key))
 
     def _wait_end(self, node: _Node, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -610,6 +640,11 @@ class LocalBackend:
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.01)
+
+
+def _group_name(key: _Key) -> str:
+    role, node_id, incarnation = key
+    return f"{role.value}-{node_id}-{incarnation}"
 
 
 @contextlib.contextmanager

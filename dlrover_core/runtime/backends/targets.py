@@ -26,7 +26,7 @@ from dlrover_core.spec import JobSpec
 def _local_backend(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
     from dlrover_core.runtime.backends.local import LocalBackend
 
-    return LocalBackend(), {}
+    return LocalBackend(cpu_limit=spec.backend.cpu_limit), {}
 
 
 def _kubernetes_backend(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
