@@ -116,6 +116,11 @@ class JobTruth:
     row_mib: float  # MiB per embedding row incl. optimizer slots
     smooth_k: float = 4.0
     noise_sigma: float = 0.05  # multiplicative measurement noise of throughput
+    # all-reduce (no PS): each step the ranks synchronise their gradients; a step costs
+    # ``sync_hop_s`` per hop of the exchange (latency, per-collective overheads) on top of
+    # ``sync_bytes_per_sample`` over ``ps_bandwidth_bps`` (see ``allreduce_throughput``)
+    sync_hop_s: float = 1e-3
+    sync_bytes_per_sample: float = 0.0
     _shares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
     _mshares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
     _mshare_max: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
@@ -193,6 +198,26 @@ class JobTruth:
     ) -> float:
         """True samples/s of ``w`` workers x ``worker_cpu`` cores and ``p`` PS x ``ps_cpu``."""
         return self.rates([worker_cpu] * w, [ps_cpu] * p, worker_speeds)[0]
+
+    def allreduce_throughput(self, ranks: int, cpu: float, batch_per_rank: int) -> float:
+        """True samples/s of a synchronous all-reduce group of ``ranks`` x ``cpu`` cores.
+
+        Lockstep: the group computes at the rate of ``ranks`` equal ranks (the same
+        saturating cores as a worker: ``eff_worker``), then waits for the exchange, whose
+        step time grows with the hops (``2(w-1)``, a ring) and moves ``2(w-1)/w`` of the
+        synchronised bytes per rank; the two rates meet in the smooth minimum of the PS
+        family. Not the planner's all-reduce form (a sum of step-time terms, linear in CPU)."""
+        w = max(1, int(ranks))
+        x_compute = w * float(self.eff_worker(cpu)) / self.c_w
+        if w == 1:
+            return x_compute
+        step_rows = w * batch_per_rank
+        sync_s = 2 * (w - 1) * self.sync_hop_s + (
+            2 * (w - 1) / w * self.sync_bytes_per_sample * step_rows / self.ps_bandwidth_bps
+        )
+        x_sync = step_rows / sync_s if sync_s > 0 else math.inf
+        k = self.smooth_k
+        return float((x_compute**-k + x_sync**-k) ** (-1.0 / k))
 
     # ---- resource usage --------------------------------------------------------------
     def _busy_cores(self, cpu: FloatArray, eff: FloatArray, base: float) -> FloatArray:

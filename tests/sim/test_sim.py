@@ -181,3 +181,27 @@ def test_completion_bound_is_the_share_without_code_bugs_and_no_policy_passes_it
         failed = {j["name"]: j["reason"] for j in m["jobs"] if j["status"] != "completed"}
         # every code bug fails its job under every policy, with its own reason
         assert bugs <= set(failed) and all(failed[b] == "fatal code error" for b in bugs)
+
+
+def test_allreduce_truth_is_lockstep_compute_bounded_by_the_exchange() -> None:
+    """``JobTruth.allreduce_throughput``: one rank is the worker compute rate; more ranks add
+    compute but pay the exchange (hops and bytes), so the rate stays under both bounds and
+    a slow exchange caps it however many cores the ranks get."""
+    import dataclasses
+
+    from dlrover_core.sim.truth import JobTruth
+
+    t = JobTruth(
+        seed=0, samples_total=1, c_w=1e-4, k_w=4.0, o_w=0.5, c_p=1e-5, k_p=8.0, o_p=0.5,
+        net_bytes_per_sample=1.0, ps_bandwidth_bps=1e9, skew_alpha=40.0,
+        worker_memory_mib=0.0, ps_base_memory_mib=0.0, dense_memory_mib=0.0, emb_k=1.0,
+        emb_beta=0.5, row_mib=0.0, sync_hop_s=2e-3, sync_bytes_per_sample=100.0,
+    )  # fmt: skip
+    one = t.allreduce_throughput(1, 1.0, 256)
+    assert one == pytest.approx(float(t.eff_worker(1.0)) / t.c_w)
+    four = t.allreduce_throughput(4, 1.0, 256)
+    assert one < four < 4 * one  # more ranks help, less than linearly
+    assert t.allreduce_throughput(4, 2.0, 256) > four  # more cores per rank help
+    slow = dataclasses.replace(t, sync_hop_s=1.0)
+    cap = 4 * 256 / (2 * 3 * 1.0)  # the exchange alone: rows per step / its seconds
+    assert slow.allreduce_throughput(4, 16.0, 256) < cap
