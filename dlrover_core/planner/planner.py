@@ -17,13 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from dlrover_core.allreduce_config import AllReduceOptions
 from dlrover_core.errors import DLRoverError
 from dlrover_core.model.selection import ModelChoice, ModelFactory
 from dlrover_core.model.throughput import (
+    AllReduceThroughputModel,
     PSBottleneckThroughputModel,
     ThroughputModel,
 )
 from dlrover_core.planner import scaling
+from dlrover_core.planner.allreduce import ResizeCost, allreduce_post_scale, allreduce_scale
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import (
@@ -95,6 +98,9 @@ class Planner:
         self.config = config or PlannerConfig.from_spec(spec)
         # stage 1 for a new signature: the runs of similar jobs (None: never)
         self.similar = similar
+        # what an all-reduce resize costs (stage 2 of all-reduce jobs): the run's measured
+        # resizes (``record_resize``), on a prior that ``learn_pauses`` may set from history
+        self.resize_cost = ResizeCost()
         self.spec_bounds = JobBounds.from_spec(spec)
         self.bounds = self.spec_bounds  # narrowed by what the cluster could not schedule
         self.model_factory: ModelFactory = model_factory or ModelChoice(self.config.throughput_form)
@@ -247,7 +253,16 @@ class Planner:
             for kind, values in dict(r.extra.get("pauses") or {}).items():
                 measured.setdefault(str(kind), []).extend(float(v) for v in values)
         self.config, notes = self.config.with_measured_pauses(self.spec, measured)
+        if not self.spec.strategy_kind.has_ps and measured.get("worker"):
+            # an all-reduce change is a resize of the group: its prior is what they cost
+            self.resize_cost = dataclasses.replace(
+                self.resize_cost, prior_s=self.config.worker_change_pause_s
+            )
         return notes
+
+    def record_resize(self, downtime_s: float) -> None:
+        """An all-reduce resize of this run took ``downtime_s``: later ones are priced on it."""
+        self.resize_cost = self.resize_cost.record(downtime_s)
 
     def history_samples(self, history: Sequence[HistoryRecord], now_s: float = 0.0) -> list[Sample]:
         """Speed samples that similar past runs recorded (``extra["samples"]``)."""
@@ -289,6 +304,8 @@ class Planner:
         help fit the model. A change is proposed only when the time it is predicted to save
         (on the model's lower band, calibrated to the measured speed) beats its pause. A
         PS memory raise that could wait rides along with the change (``ps_memory_along``)."""
+        if not self.spec.strategy_kind.has_ps:
+            return self._replan_allreduce(current, observations, samples, now_s, prior_samples)
         self.bounds = capacity_cap(self.spec_bounds, [*past_plans, current])
         d = self._replan(current, observations, samples, now_s, past_plans, prior_samples)
         if d.plan is None:
@@ -296,6 +313,49 @@ class Planner:
             if shrunk is not None:
                 d = PlanDecision(shrunk, d.notes, d.model)
         return self._memory_along(current, observations, d)
+
+    def _replan_allreduce(
+        self,
+        current: ResourcePlan,
+        observations: Sequence[Observation],
+        samples: Sequence[Sample],
+        now_s: float,
+        prior_samples: Sequence[Sample],
+    ) -> PlanDecision:
+        """Stages 3 and 2 of an all-reduce job (ranks, no PS: ``planner/allreduce.py``), with
+        this planner's model choice (the all-reduce form, fitted on this run's and similar
+        runs' samples), its objective (``min_elasticity``, ``memory_gib_per_core``) and its
+        resize price (``resize_cost``: this run's measured resizes, else what similar runs'
+        worker changes cost, else the prior)."""
+        options = AllReduceOptions.from_spec(self.spec)
+        urgent = allreduce_post_scale(
+            self.spec, current, observations, now_s=now_s, options=options
+        )
+        if urgent is not None:
+            return PlanDecision(urgent, ("stage 3",))
+        if not samples or not observations:
+            return PlanDecision(None, ("waiting for speed samples",))
+        try:
+            model, why = self._fit([*prior_samples, *samples])
+        except (ValueError, np.linalg.LinAlgError) as e:  # too few distinct configurations
+            model, why = None, f"all-reduce model not fitted yet: {e}"
+        if not isinstance(model, AllReduceThroughputModel):
+            return PlanDecision(None, (why or "all-reduce model not fitted yet",))
+        obs = observations[-1]
+        total = self.spec.data.rows * (self.spec.training.epochs or 1)
+        cfg = self.config
+        d = allreduce_scale(
+            model,
+            self.spec,
+            current,
+            current_sps=obs.throughput_sps,
+            remaining_samples=max(0.0, float(total - obs.samples_done)),
+            resize_cost=self.resize_cost,
+            options=options,
+            min_elasticity=cfg.min_elasticity,
+            memory_gib_per_core=cfg.memory_gib_per_core,
+        )
+        return PlanDecision(d.plan, (d.reason,), model)
 
     def _memory_shrink(
         self,

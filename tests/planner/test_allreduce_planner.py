@@ -198,3 +198,42 @@ def test_stage3_pending_ranks_shrink_the_group_to_those_that_started() -> None:
 
 def test_runtime_reserve_is_part_of_the_need() -> None:
     assert rank_memory_need_mib(ar_spec(), 1) > RANK_RUNTIME_MIB
+
+
+def test_the_planner_plans_all_reduce_jobs_with_its_own_model_objective_and_resize_price() -> None:
+    """``Planner.replan`` of an all-reduce job: stage 3 first (a straggling rank), then stage
+    2 on the planner's fitted all-reduce model with its objective; the resize is priced on the
+    run's measured resizes (``record_resize``), so a costly resize stops paying."""
+    from dlrover_core.planner import Planner
+    from dlrover_core.types import NodeObservation, NodeState, Observation, Role
+
+    spec = ar_spec(
+        quota__cpu=16, quota__memory="64Gi", constraints__workers__max=8, data__rows=2_000_000
+    )
+    planner = Planner(spec)
+    cur = allreduce_plan(1, NodeResources(1000, 2048), Stage.COLD_START)
+    samples = []
+    for w in (1, 2, 3, 4, 6):
+        for lam in (1.0, 2.0, 4.0):
+            t = 0.002 + 4e-5 * B / lam + 0.004 * (w - 1) / w + 0.0005 * (w - 1)
+            samples.append(Sample(w, 0, lam, 0.0, w * B / t, batch_size=B))
+    x1 = samples[0].throughput_sps
+    node = NodeObservation(Role.WORKER, 0, NodeState.RUNNING, cur.workers.resources, 900)
+    obs = [Observation(100.0, (node,), x1, samples_done=10_000, samples_total=2_000_000)]
+    d = planner.replan(cur, obs, samples, 100.0)
+    assert d.plan is not None and d.plan.ps == NO_PS and d.plan.workers.count > 1, d.notes
+    assert d.model is not None and d.model.kind == "allreduce_throughput"
+    assert "all-reduce" in d.plan.reasons[0]
+    # the same decision with this run's resizes measured at an hour each: it no longer pays
+    planner.record_resize(3600.0)
+    kept = planner.replan(cur, obs, samples, 100.0)
+    assert kept.plan is None and "keep" in kept.notes[0], kept.notes
+    # stage 3 comes first: rank 1 busy while the others wait for it
+    three = allreduce_plan(3, NodeResources(1000, 2048), Stage.SCALING)
+    ranks = [
+        NodeObservation(Role.WORKER, i, NodeState.RUNNING, three.workers.resources, c)
+        for i, c in enumerate((300, 980, 320))
+    ]
+    window = [Observation(t, tuple(ranks), x1) for t in (1.0, 2.0, 3.0)]
+    d3 = planner.replan(three, window, samples, 4.0)
+    assert d3.plan is not None and any(o.action == "relaunch" for o in d3.plan.overrides)

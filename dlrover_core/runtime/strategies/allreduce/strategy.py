@@ -12,7 +12,7 @@ the lease, write-ahead state, liveness, the shard queue, the report. What this s
   still trains); once its ranks are warm (or after ``warm_wait_s``) the old group is asked to
   stop; it writes a final checkpoint and exits 0; the new group loads it resharded for its
   own world size. The downtime (stop requested → the new group's first step) is measured and
-  fed to the planner's :class:`~dlrover_core.planner.allreduce.ResizeCost`.
+  fed to the planner (``Planner.record_resize``), which prices the next resize on it.
 - **Faults**: a group cannot lose a rank. The first failed rank of a group aborts it (its
   other ranks are killed, its shards go back to the queue) and a new group starts from the
   latest complete checkpoint, at the size and memory the fault policy (``faults/``, the same
@@ -38,16 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from dlrover_core.allreduce_config import AllReduceOptions, validate_allreduce
 from dlrover_core.errors import DLRoverError, InputError
 from dlrover_core.faults import ExitClass
 from dlrover_core.planner.allreduce import (
     NO_PS,
-    ResizeCost,
-    allreduce_post_scale,
-    allreduce_scale,
     rank_memory_need_mib,
 )
 from dlrover_core.runtime.backends.base import LOST_REASON, NodeExit
@@ -131,7 +126,6 @@ class AllReduceStrategy:
         self._groups: dict[int, _Group] = {}
         self._group_relaunches: dict[str, int] = {}
         self._resize: _Resize | None = None
-        self._resize_cost = ResizeCost()
         self.resize_downtimes_s: list[float] = []
         self.resize_prewarm_s: list[float] = []
         self._next_replan_mono = 0.0
@@ -476,7 +470,7 @@ class AllReduceStrategy:
         if rec is not None and rec.state is NodeState.RUNNING and rec.stats.get("step", 0) > 0:
             took = now - r.stop_mono
             self.resize_downtimes_s.append(took)
-            self._resize_cost = self._resize_cost.record(took)
+            self.job.planner.record_resize(took)
             self._set_group_state(new, GEN_ACTIVE)
             self._resize = None
             log.info(
@@ -488,55 +482,29 @@ class AllReduceStrategy:
             )
 
     def replan(self) -> ResourcePlan | None:
-        """Stage 3 (stragglers, memory, pending ranks) and stage 2 on the all-reduce model,
-        every ``pacing.replan_interval_s``; a resize only when it pays for its downtime."""
+        """The planner's stages 3 and 2 for all-reduce (``Planner.replan``: stragglers,
+        memory, pending ranks; then the all-reduce model), every ``pacing.replan_interval_s``;
+        a resize only when it pays for its downtime."""
         if self.changing() or not self.job.observations:
             return None
         now = self.job.mono()
         if now < self._next_replan_mono:
             return None
         self._next_replan_mono = now + self.job.spec.pacing.replan_interval_s
-        new = self.job.call_planner(
-            "allreduce_post_scale",
-            allreduce_post_scale,
-            self.job.spec,
-            self.job.current_plan,
-            self.job.observations,
-            now_s=self.job.clock(),
-            options=self.options,
+        job = self.job
+        d = job.call_planner(
+            "replan",
+            job.planner.replan,
+            job.current_plan,
+            job.observations,
+            job.samples,
+            job.clock(),
+            job.past_plans,
+            job.prior,
         )
-        if new is None:
-            new = self.job.call_planner("allreduce_scale", self._stage2)
-        return new
-
-    def _stage2(self) -> ResourcePlan | None:
-        from dlrover_core.model.throughput import AllReduceThroughputModel, fit_throughput_model
-
-        samples = [*self.job.prior, *self.job.samples]
-        if not self.job.samples:
-            return None
-        try:
-            model = fit_throughput_model(
-                samples, "allreduce", batch_size=self.job.spec.training.batch_size
-            )
-        except (DLRoverError, ValueError, np.linalg.LinAlgError) as e:
-            log.debug("all-reduce model not fitted yet: %s", e)
-            return None
-        if not isinstance(model, AllReduceThroughputModel):
-            return None
-        obs = self.job.observations[-1]
-        total = self.job.spec.data.rows * (self.job.spec.training.epochs or 1)
-        d = allreduce_scale(
-            model,
-            self.job.spec,
-            self.job.current_plan,
-            current_sps=obs.throughput_sps,
-            remaining_samples=max(0.0, float(total - obs.samples_done)),
-            resize_cost=self._resize_cost,
-            options=self.options,
-        )
-        log.debug("all-reduce stage 2: %s", d.reason)
-        return d.plan
+        if d is not None and d.notes:
+            log.debug("all-reduce re-plan: %s", "; ".join(d.notes))
+        return None if d is None else d.plan
 
     # --- exits ---------------------------------------------------------------------------------
     def on_exit(self, n: Node, e: NodeExit, cls: ExitClass) -> None:
