@@ -635,9 +635,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.quiet_third_party()  # before anything imports torch or the open-source DLRover
     raw = list(sys.argv[1:] if argv is None else argv)
     if raw[:1] == ["node"]:  # a node of a running job: its own parser (see runtime/node.py)
+        from dlrover_core.runtime.node import exit_process
         from dlrover_core.runtime.node import main as node_main
 
-        return node_main(raw[1:])
+        code = node_main(raw[1:])
+        if argv is None:  # the process is the node: end it as one (in-process calls return)
+            exit_process(raw[1] if len(raw) > 1 else "", code)
+        return code
     args = build_parser().parse_args(argv)
     logs.setup(args.log_level, json_lines=args.log_json)
     missing = missing_extras(args.command)
