@@ -295,7 +295,7 @@ def test_ps_memory_slope_is_fitted_from_growth() -> None:
     assert "fitted" in fit.source
 
 
-# --- idle PS: shrink when at least an hour remains --------------------------------------------
+# --- idle PS: shrink when at least two hours remain --------------------------------------------
 
 IDLE = make_plan((2, 2000, 4096), (2, 8000, 4096), created_at_s=T0)
 
@@ -306,8 +306,8 @@ IDLE = make_plan((2, 2000, 4096), (2, 8000, 4096), created_at_s=T0)
         # peak 0.25 × 8000 = 2000 used; 2000 / 0.7 target = 2857 -> 3000; 10^7 / 200 = 50000 s
         ([0.25, 0.2], 0, [100, 100], 3000),
         ([0.1, 0.1], 0, [100, 100], 1500),  # 800 / 0.7 = 1143 -> the next level, 1500
-        ([0.25, 0.2], 9_400_000, [100, 100], None),  # 600,000 / 200 = 3000 s < 1 h left
-        ([0.25, 0.2], 9_280_000, [100, 100], 3000),  # 720,000 / 200 = 3600 s: exactly 1 h
+        ([0.25, 0.2], 8_600_000, [100, 100], None),  # 1.4M / 200 = 7000 s < 2 h left
+        ([0.25, 0.2], 8_560_000, [100, 100], 3000),  # 1.44M / 200 = 7200 s: exactly 2 h
         ([0.6, 0.38], 0, [100, 100], None),  # one PS busy, the other's cut is too small
         ([0.25, 0.2], 0, [0, 0], None),  # no progress: the time left is unknown
         ([0.25, 0.2], 0, [0, 5e-324], None),  # 10^7 / 5e-324 overflows to inf: unknown too
