@@ -1,6 +1,6 @@
 """A *load rank*: the real all-reduce rank agent with a tiny stand-in for the torchrec trainer.
 
-    python benchmarks/allreduce_load_rank.py [--rows-per-s R] [--fast-exit] rank --run-dir DIR ...
+    python benchmarks/allreduce_load_rank.py [--rows-per-s R] [--teardown] rank --run-dir DIR ...
 
 Everything but the model is the production rank (:mod:`dlrover_core.runtime.strategies.
 allreduce.agent`, started through :func:`dlrover_core.runtime.node.main` exactly as
@@ -25,11 +25,10 @@ registers a stand-in module under that name (``RankTrainer = LoadTrainer``; it i
 exactly as in production) and a stand-in for ``torchrec.distributed.planner.types`` (the
 agent imports ``PlannerError`` from it). No production file is changed.
 
-``--fast-exit``: once the agent returns, flush stdout/stderr and ``os._exit`` with its code instead
-of finalizing the interpreter (a rank has nothing left to clean up then: its process group is
-destroyed, its checkpoint committed). Off by default (the production rank returns and Python
-finalizes, which with torch loaded costs ~0.5 s of CPU per process); the benchmark measures
-what the switch saves when a large group leaves at once.
+The process ends as a production rank does (:func:`dlrover_core.runtime.node.exit_process`:
+flush, ``os._exit``, no interpreter teardown, since 98824ba). ``--teardown`` ends it the old
+way, returning through Python's finalisation (~0.5 s of CPU per process with torch loaded),
+to measure what that cost when a large group leaves at once.
 
 ``--rows-per-s`` is each rank's training speed; the file ``RUN_DIR/load-rate`` (a number),
 when present, overrides it on every round, so a benchmark can slow the job down or let it
@@ -172,13 +171,13 @@ def install() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     global _rate, _rate_file
     args = list(sys.argv[1:] if argv is None else argv)
-    fast_exit = False
+    teardown = False
     while args and args[0].startswith("--"):
         opt = args.pop(0)
         if opt == "--rows-per-s":
             _rate = float(args.pop(0))
-        elif opt == "--fast-exit":
-            fast_exit = True
+        elif opt == "--teardown":  # end through the interpreter's teardown (before 98824ba)
+            teardown = True
         else:
             print(f"allreduce_load_rank: unknown option {opt}", file=sys.stderr)
             return 2
@@ -190,10 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     install()
     rc = node.main(args)
-    if fast_exit:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+    if not teardown:
+        node.exit_process("rank", rc)  # as a production rank ends (no teardown)
     return rc
 
 

@@ -689,7 +689,7 @@ def run_bench(
     hang: bool = False,
     phase_timeout_s: float = 900.0,
     min_free_mib: float = 1500.0,
-    rank_fast_exit: bool = False,
+    rank_teardown: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the scenarios once (module docstring); returns the figures and the checks."""
@@ -727,7 +727,7 @@ def run_bench(
             str(LOAD_RANK),
             "--rows-per-s",
             str(rows_per_s),
-            *(["--fast-exit"] if rank_fast_exit else []),
+            *(["--teardown"] if rank_teardown else []),
         ],
         on_tick=drv.on_tick,
         replan=False,
@@ -766,7 +766,7 @@ def run_bench(
             "rows_per_s_per_rank": rows_per_s,
             "shards": shards,
             "shard_rows": SHARD_ROWS,
-            "rank_fast_exit": rank_fast_exit,
+            "rank_teardown": rank_teardown,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -888,9 +888,10 @@ def main() -> None:
     ap.add_argument("--hang", action="store_true", help="also SIGSTOP a rank")
     ap.add_argument("--min-free-mib", type=float, default=1500.0)
     ap.add_argument(
-        "--rank-fast-exit",
+        "--rank-teardown",
         action="store_true",
-        help="ranks os._exit once the agent returns (allreduce_load_rank.py --fast-exit)",
+        help="ranks end through the interpreter's teardown, as before 98824ba (production "
+        "ranks now os._exit once their work is written: node.exit_process)",
     )
     ap.add_argument("--run-dir", type=Path, default=None, help="default: a temporary directory")
     ap.add_argument(
@@ -911,7 +912,7 @@ def main() -> None:
             dead_after_s=a.dead_after_s,
             hang=a.hang,
             min_free_mib=a.min_free_mib,
-            rank_fast_exit=a.rank_fast_exit,
+            rank_teardown=a.rank_teardown,
         )
     out["command"] = " ".join(sys.argv)
     print(summary(out))
