@@ -22,6 +22,11 @@ Phases, each measured:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/control_plane_scale.py --nodes 1000 --ps 64 \
         --seconds 60 --json benchmarks/results/control_plane_scale.json
+
+``--k8s-pods N`` adds the Kubernetes backend's figures (``benchmarks/k8s_scale.py``: N pods
+on the kmock stand-in, watch costs, 429s) and ``--ranks N`` the all-reduce rendezvous
+(``benchmarks/allreduce_rendezvous_scale.py``: N load ranks, a kill, a hang-free resize) to
+the same report; each also runs alone.
 """
 
 from __future__ import annotations
@@ -331,6 +336,12 @@ def main() -> int:
     ap.add_argument("--launch-batch", type=int, default=50,
                     help="launches written ahead per master.json write (0: one per write, as "
                     "the controller does today)")  # fmt: skip
+    ap.add_argument("--k8s-pods", type=int, default=0,
+                    help="also the Kubernetes backend at this many pods on the kmock stand-in "
+                    "(benchmarks/k8s_scale.py; 0: not run)")  # fmt: skip
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="also the all-reduce rendezvous at this many load ranks "
+                    "(benchmarks/allreduce_rendezvous_scale.py; 0: not run)")  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -350,6 +361,20 @@ def main() -> int:
             log=lambda s: print(s, file=sys.stderr, flush=True),
         )
     r["targets"] = targets(r)
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    if args.k8s_pods:  # issue 34 item 3: the same issue's Kubernetes figures, in this report
+        from k8s_scale import run_k8s_scale
+
+        r["kubernetes"] = run_k8s_scale(pods=args.k8s_pods, loop_baseline=False)
+    if args.ranks:  # issue 34 item 4: the all-reduce rendezvous, kill, hang-free resize
+        from allreduce_rendezvous_scale import run_bench
+
+        with tempfile.TemporaryDirectory() as tmp:
+            r["rendezvous"] = run_bench(
+                Path(tmp) / "run", args.ranks, log=lambda s: print(s, file=sys.stderr)
+            )
     if "profile" in r:
         print(r["profile"], file=sys.stderr)
     print(json.dumps({k: v for k, v in r.items() if k != "profile"}, indent=1))
