@@ -645,21 +645,31 @@ def _final_rows_seen(run_dir: Path) -> tuple[int | None, dict[str, Any] | None]:
     return int(sd["model"]["rows_seen"].item()), meta
 
 
-def _left_processes(run_dir: Path, within_s: float = 15.0) -> list[int]:
+def _children() -> set[int]:
+    """Live child processes of this one (all generations)."""
+    out = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE:
+                out.add(c.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _left_processes(
+    run_dir: Path, within_s: float = 15.0, before: frozenset[int] = frozenset()
+) -> list[int]:
     """Live children of this process, and any process naming ``run_dir`` (ranks), waited for
-    up to ``within_s``."""
+    up to ``within_s``. ``before``: children that lived before the job started (in a test
+    run, e.g. multiprocessing's resource tracker from an earlier test): not the job's."""
     key = str(run_dir)
     me = psutil.Process()
-    mine = {me.pid, *(a.pid for a in me.parents())}  # this benchmark's own command line
+    mine = {me.pid, *(a.pid for a in me.parents()), *before}  # not started by the job
     deadline = time.monotonic() + within_s
     while True:
         left = set()
-        for c in me.children(recursive=True):
-            try:
-                if c.status() != psutil.STATUS_ZOMBIE:
-                    left.add(c.pid)
-            except psutil.Error:
-                continue
+        left = _children() - mine
         for p in psutil.process_iter(["cmdline", "status"]):
             try:
                 if (
@@ -695,6 +705,7 @@ def run_bench(
     """Run the scenarios once (module docstring); returns the figures and the checks."""
     resize_to = resize_to if resize_to is not None else max(1, (3 * ranks) // 4)
     shards = shards_per_rank * ranks
+    before = frozenset(_children())  # not the job's (e.g. an earlier test's helpers)
     spec = make_spec(
         ranks,
         shards,
@@ -741,7 +752,7 @@ def run_bench(
         drv.close()
         mem.close()
     wall = time.monotonic() - t0
-    left = _left_processes(run_dir)
+    left = _left_processes(run_dir, before=before)
     rows_seen, final = _final_rows_seen(run_dir)
     r = report
     exactly_once = bool(
