@@ -367,7 +367,8 @@ def main() -> int:
     if args.k8s_pods:  # issue 34 item 3: the same issue's Kubernetes figures, in this report
         from k8s_scale import run_k8s_scale
 
-        r["kubernetes"] = run_k8s_scale(pods=args.k8s_pods, loop_baseline=False)
+        exits = max(1, min(100, args.k8s_pods // 4))  # pods per event phase
+        r["kubernetes"] = run_k8s_scale(pods=args.k8s_pods, exits=exits, loop_baseline=False)
     if args.ranks:  # issue 34 item 4: the all-reduce rendezvous, kill, hang-free resize
         from allreduce_rendezvous_scale import run_bench
 
