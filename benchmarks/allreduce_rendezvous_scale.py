@@ -460,21 +460,27 @@ class Driver:
             self._next()
 
     # b. a rank SIGKILLed
+    def _signal_middle_rank(self, m: JobMaster, g: Any, sig: signal.Signals, stamp: str) -> None:
+        """Once ``g`` is a second into its rounds after a checkpoint (mid-training): ``sig`` to
+        its middle rank, the time in ``self._ctx[stamp]``, and on to the "recover" step."""
+        c = self._ctx
+        ck = self.tail.t(g.first_node_id, "checkpoint", last=True)
+        if ck is None or time.time() < ck + 1.0:
+            return
+        pids = self._pids(m, g)
+        victim_rank = g.world_size // 2
+        victim = g.first_node_id + victim_rank
+        c.update(old=g.gid, old_ids=list(g.node_ids), pids=pids, victim=victim)
+        self.procs.watch(list(pids.values()))
+        c[stamp] = time.time()
+        os.kill(pids[victim], sig)
+        self.log(f"{sig.name} rank {victim_rank} (node {victim}, pid {pids[victim]})")
+        self._sub = "recover"
+
     def _kill(self, m: JobMaster, g: Any) -> None:
         c = self._ctx
         if self._sub == "start":
-            ck = self.tail.t(g.first_node_id, "checkpoint", last=True)
-            if ck is None or time.time() < ck + 1.0:
-                return  # a second into the rounds after the checkpoint: mid-training
-            pids = self._pids(m, g)
-            victim_rank = g.world_size // 2
-            victim = g.first_node_id + victim_rank
-            c.update(old=g.gid, old_ids=list(g.node_ids), pids=pids, victim=victim)
-            self.procs.watch(list(pids.values()))
-            c["t_kill"] = time.time()
-            os.kill(pids[victim], signal.SIGKILL)
-            self.log(f"SIGKILL rank {victim_rank} (node {victim}, pid {pids[victim]})")
-            self._sub = "recover"
+            self._signal_middle_rank(m, g, signal.SIGKILL, "t_kill")
             return
         if self._sub == "recover":
             if g.gid == c["old"]:
@@ -568,18 +574,7 @@ class Driver:
     def _hang(self, m: JobMaster, g: Any) -> None:
         c = self._ctx
         if self._sub == "start":
-            ck = self.tail.t(g.first_node_id, "checkpoint", last=True)
-            if ck is None or time.time() < ck + 1.0:
-                return
-            pids = self._pids(m, g)
-            victim_rank = g.world_size // 2
-            victim = g.first_node_id + victim_rank
-            c.update(old=g.gid, old_ids=list(g.node_ids), pids=pids, victim=victim)
-            self.procs.watch(list(pids.values()))
-            c["t_stop"] = time.time()
-            os.kill(pids[victim], signal.SIGSTOP)
-            self.log(f"SIGSTOP rank {victim_rank} (node {victim}, pid {pids[victim]})")
-            self._sub = "recover"
+            self._signal_middle_rank(m, g, signal.SIGSTOP, "t_stop")
             return
         if self._sub == "recover":
             if g.gid == c["old"]:

@@ -70,6 +70,13 @@ PS_CONFIGS = [
 AR_CONFIGS = [(1, 0.5), (1, 1.0), (1, 1.5), (1, 2.0), (2, 0.5), (2, 1.0), (3, 0.5), (4, 0.5)]
 
 
+def nodes(config: tuple[float, ...]) -> tuple[int, float, int, float]:
+    """(workers or ranks, cores each, PS, cores each) of a PS or an all-reduce configuration
+    (all-reduce: no PS)."""
+    w, wc, p, pc = config if len(config) == 4 else (*config, 0, 0.0)
+    return int(w), float(wc), int(p), float(pc)
+
+
 @dataclass
 class Run:
     config: tuple[float, ...]
@@ -87,26 +94,22 @@ def run_job(strategy: str, config: tuple[float, ...], rows: int, work: Path) -> 
     from dlrover_core.spec import load_spec
     from dlrover_core.types import NodeResources, ResourcePlan, RolePlan, Stage
 
-    if strategy == "ps":
-        w, wc, p, pc = config
-    else:
-        w, wc = config
-        p, pc = 0, 0.0
+    w, wc, p, pc = nodes(config)
     over = [
         f"data.rows={rows}",
         "backend.cpu_limit=quota",
         "quota.cpu=8",
-        f"constraints.workers.max={max(4, int(w))}",
+        f"constraints.workers.max={max(4, w)}",
         "pacing.sample_window_s=2",
         "pacing.pending_timeout_s=240",
         "pacing.dead_after_s=60",
     ]
     if strategy == "ps":
-        over.append(f"constraints.ps.max={max(2, int(p))}")
+        over.append(f"constraints.ps.max={max(2, p)}")
     spec = load_spec(str(SPECS[strategy]), over)
     plan = ResourcePlan(
-        RolePlan(int(w), NodeResources(round(wc * 1000), 2048)),
-        RolePlan(int(p), NodeResources(round(pc * 1000), 2048)),
+        RolePlan(w, NodeResources(round(wc * 1000), 2048)),
+        RolePlan(p, NodeResources(round(pc * 1000), 2048)),
         Stage.COLD_START,
         (f"sim-to-real: {config}",),
     )
@@ -123,16 +126,12 @@ def run_job(strategy: str, config: tuple[float, ...], rows: int, work: Path) -> 
 def _sample(strategy: str, run: Run, batch: int) -> Any:
     from dlrover_core.types import Sample
 
-    if strategy == "ps":
-        w, wc, p, pc = run.config
-    else:
-        w, wc = run.config
-        p, pc = 0, 0.0
+    w, wc, p, pc = nodes(run.config)
     return Sample(
-        workers=int(w),
-        ps=int(p),
-        worker_cpu_cores=float(wc),
-        ps_cpu_cores=float(pc),
+        workers=w,
+        ps=p,
+        worker_cpu_cores=wc,
+        ps_cpu_cores=pc,
         throughput_sps=run.throughput,
         batch_size=batch,
     )
@@ -148,11 +147,8 @@ def model_prediction(strategy: str, train: Sequence[Run], held: Run, batch: int)
     for r in train:
         samples += r.samples or [_sample(strategy, r, batch)]
     model = ModelChoice()(samples, strategy, batch)
-    if strategy == "ps":
-        w, wc, p, pc = held.config
-        return float(model.predict(int(w), int(p), float(wc), float(pc)).throughput_sps)
-    w, wc = held.config
-    return float(model.predict(int(w), 0, float(wc), 0.0).throughput_sps)
+    w, wc, p, pc = nodes(held.config)
+    return float(model.predict(w, p, wc, pc).throughput_sps)
 
 
 def _truth(theta: np.ndarray, strategy: str) -> Any:
@@ -185,11 +181,10 @@ def _truth(theta: np.ndarray, strategy: str) -> Any:
 
 
 def _truth_tput(truth: Any, strategy: str, config: tuple[float, ...], batch: int) -> float:
+    w, wc, p, pc = nodes(config)
     if strategy == "ps":
-        w, wc, p, pc = config
-        return float(truth.throughput(int(w), int(p), float(wc), float(pc)))
-    w, wc = config
-    return float(truth.allreduce_throughput(int(w), float(wc), batch))
+        return float(truth.throughput(w, p, wc, pc))
+    return float(truth.allreduce_throughput(w, wc, batch))
 
 
 def calibrate(strategy: str, train: Sequence[Run], batch: int) -> tuple[Any, float]:

@@ -183,8 +183,6 @@ class CpuQuotas:
     def close(self) -> None:
         """Remove every cgroup made (those whose processes ended) and the base if empty."""
         for group in list(self._made):
-            with contextlib.suppress(OSError):
-                group.rmdir()
-                self._made.discard(group)
+            self.remove(group.name)
         with contextlib.suppress(OSError):
             self.base.rmdir()

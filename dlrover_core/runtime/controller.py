@@ -54,7 +54,7 @@ from dlrover_core.faults import (
     pending_action,
 )
 from dlrover_core.faults.health import HeartbeatPolicy
-from dlrover_core.planner import Planner
+from dlrover_core.planner import PlanDecision, Planner
 from dlrover_core.runtime import wire
 from dlrover_core.runtime.backends.base import Backend, NodeExit, NodeHandle, NodeSpec
 from dlrover_core.runtime.files import (
@@ -662,6 +662,20 @@ class JobMaster:
         return False
 
     # --- helpers the strategies share ------------------------------------------------------------
+    def planner_replan(self) -> PlanDecision | None:
+        """``Planner.replan`` (stages 3 and 2) on this job's plan, observations, samples and
+        history, through :meth:`call_planner` (None: it failed, and that is recorded)."""
+        return self.call_planner(
+            "replan",
+            self.planner.replan,
+            self.current_plan,
+            self.observations,
+            self.samples,
+            self.clock(),
+            self.past_plans,
+            self.prior,
+        )
+
     def drain_shards(self) -> str:
         """Hand out no new shard and wait (up to ``STOP_DRAIN_S``) for those in flight."""
         self.st.dispatch_paused = True

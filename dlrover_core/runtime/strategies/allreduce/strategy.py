@@ -491,17 +491,7 @@ class AllReduceStrategy:
         if now < self._next_replan_mono:
             return None
         self._next_replan_mono = now + self.job.spec.pacing.replan_interval_s
-        job = self.job
-        d = job.call_planner(
-            "replan",
-            job.planner.replan,
-            job.current_plan,
-            job.observations,
-            job.samples,
-            job.clock(),
-            job.past_plans,
-            job.prior,
-        )
+        d = self.job.planner_replan()
         if d is not None and d.notes:
             log.debug("all-reduce re-plan: %s", "; ".join(d.notes))
         return None if d is None else d.plan

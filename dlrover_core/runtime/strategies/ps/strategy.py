@@ -305,17 +305,7 @@ class PSStrategy:
         return self.job.evaluate_before_the_end()
 
     def replan(self) -> ResourcePlan | None:
-        job = self.job
-        d = job.call_planner(
-            "replan",
-            job.planner.replan,
-            job.current_plan,
-            job.observations,
-            job.samples,
-            job.clock(),
-            job.past_plans,
-            job.prior,
-        )
+        d = self.job.planner_replan()
         return None if d is None else d.plan
 
     def flush_for_stop(self) -> str:
