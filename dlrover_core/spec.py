@@ -368,6 +368,13 @@ class TrainingSpec(_Strict):
         "fsspec URL of one: model.pt + model_card.json), PS or all-reduce alike; ids it never "
         "saw start fresh, the optimizer state starts afresh",
     )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="compute threads of each worker or rank (torch intra-op, OMP, MKL); null: "
+        "the node's whole cores (1.5 CPU: 1). Small models often train fastest on 1",
+    )
     # PS data plane: the first `dense_warmup` updates of a dense parameter ramp its lr up
     # linearly (Adagrad's first steps are lr·sign(g) on every weight; without it they switch
     # the bottom MLP's ReLU outputs off for good in a few runs in a hundred: docs/decisions.md)

@@ -49,6 +49,16 @@ class NodeResources:
     def cpu_cores(self) -> float:
         return cores(self.cpu_millicores)
 
+    @property
+    def threads(self) -> int:
+        """Compute threads (torch intra-op, OMP, MKL) for a node of these resources: its whole
+        cores, at least 1. Rounded down, not to nearest: under a CFS quota of 1.5 cores two busy
+        threads use up the quota early in each 100 ms period and are throttled for the rest of
+        it (a 1.5-CPU worker measured slower than a 1-CPU one); the part of a core left over
+        goes to the input pipeline, gRPC and the framework (uber-go/automaxprocs rounds a
+        fractional limit down for the same reason)."""
+        return max(1, int(self.cpu_cores + 1e-9))
+
     def __add__(self, other: NodeResources) -> NodeResources:
         return NodeResources(
             self.cpu_millicores + other.cpu_millicores, self.memory_mib + other.memory_mib

@@ -242,12 +242,14 @@ class JobMaster:
         from dlrover_core.training.pin import PIN_ENV, PIN_FILE
 
         env = {"PYTHONUNBUFFERED": "1"}
+        if self.spec.training.threads:  # the spec's count, not the backend's whole cores
+            env |= {"OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": str(cores)}
         if (self.run_dir / PIN_FILE).exists():  # the inputs pinned at the start: every read checks
             env[PIN_ENV] = str(self.run_dir / PIN_FILE)
         return env | self.strategy.node_env(cores)
 
     def _node_spec(self, n: Node) -> NodeSpec:
-        cores = max(1, round(n.resources.cpu_cores))
+        cores = self.spec.training.threads or n.resources.threads
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         cmd = self._node_command(n, cores)

@@ -25,7 +25,7 @@ from dlrover_core.runtime.backends.base import (
     NodeHandle,
     NodeSpec,
 )
-from dlrover_core.runtime.backends.local import LocalBackend, UnknownNodeError, threads_for
+from dlrover_core.runtime.backends.local import LocalBackend, UnknownNodeError
 from dlrover_core.types import NodeResources, Role
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,8 +98,9 @@ def _gone(pid: int, timeout_s: float = 3.0) -> bool:
 
 def test_protocol_conformance() -> None:
     assert isinstance(LocalBackend(), Backend)
-    assert threads_for(NodeResources(1500, 0)) == 2
-    assert threads_for(NodeResources(200, 0)) == 1
+    assert NodeResources(1500, 0).threads == 1  # rounded down: no throttled second thread
+    assert NodeResources(2000, 0).threads == 2
+    assert NodeResources(200, 0).threads == 1
 
 
 def test_stop_reports_sigterm_once_and_usage(backend: LocalBackend) -> None:

@@ -377,3 +377,34 @@ def test_a_node_that_reports_a_full_disk_fails_the_job_with_its_words(tmp_path: 
     m._check_liveness()
     assert m.failure is not None and m.failure.startswith(f"disk full: {said}")
     m.state.close()
+
+
+@pytest.mark.parametrize("yaml", ["small.yaml", "small-allreduce.yaml"])
+@pytest.mark.parametrize(
+    ("millicores", "override", "threads"),
+    [(1500, None, 1), (2000, None, 2), (500, None, 1), (4000, 1, 1), (500, 3, 3)],
+)
+def test_a_node_gets_its_whole_cores_as_threads_or_the_specs_count(
+    tmp_path: Path, yaml: str, millicores: int, override: int | None, threads: int
+) -> None:
+    """A worker or rank computes on its whole cores, rounded down (1.5 CPU: 1 thread, not two
+    throttled ones), unless the spec's ``training.threads`` says; torch's count (--threads),
+    OMP and MKL agree; OpenMP threads wait passively."""
+    from dlrover_core.runtime.backends.kubernetes_pods import PodConfig, node_to_pod
+    from dlrover_core.runtime.backends.local import LocalBackend
+    from dlrover_core.runtime.controller import JobMaster
+    from dlrover_core.runtime.nodes import Node
+    from dlrover_core.spec import load_spec
+
+    over = [] if override is None else [f"training.threads={override}"]
+    spec = load_spec(str(ROOT / "pipelines" / "specs" / yaml), over)
+    master = JobMaster(spec, tmp_path / "run", LocalBackend())
+    # the rank's own fields (group, rank) come from a rendezvous this test does not hold
+    master.strategy.node_command = lambda n, cmd: cmd  # type: ignore[method-assign]
+    node = Node(Role.WORKER, 0, NodeResources(millicores, 1024), incarnation=1)
+    ns = master._node_spec(node)
+    assert ns.argv[ns.argv.index("--threads") + 1] == str(threads)
+    pod = node_to_pod(ns, PodConfig(namespace="jobs", image="dlrover-rm:test", job_name="j"))
+    pod_env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert pod_env["OMP_NUM_THREADS"] == pod_env["MKL_NUM_THREADS"] == str(threads)
+    assert pod_env["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -86,6 +86,11 @@ ENV_BIND_HOST = "DLROVER_RM_BIND_HOST"
 ENV_ADVERTISE_HOST = "DLROVER_RM_ADVERTISE_HOST"
 # a job master in a pod `dlrover-rm submit` created: its pod name (the downward API)
 ENV_POD_NAME = "DLROVER_RM_POD_NAME"
+# OpenMP threads that wait for work sleep instead of spinning: a node under a CPU quota, or
+# sharing its host, burns its quota spinning and is throttled (measured on the local backend at
+# a 2-CPU quota on a 2-core host, 2 threads: all-reduce rank 41k -> 49k samples/s, PS worker
+# 51k -> 68k). A value the node's environment already has wins.
+OMP_WAIT_POLICY = "PASSIVE"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dlrover_core.runtime.backends.base import (
     ENV_BIND_HOST,
     ENV_POD_NAME,
     FATAL_WAITING_REASONS,
+    OMP_WAIT_POLICY,
     OOM_REASON,
     NodeExit,
     NodeSpec,
@@ -150,10 +151,11 @@ def node_to_pod(spec: NodeSpec, cfg: PodConfig) -> k8s.V1Pod:
         **cfg.extra_labels,
         **node_labels(cfg.job_name, spec.role, spec.node_id, spec.incarnation),
     }
-    threads = str(max(1, round(spec.resources.cpu_cores)))
+    threads = str(spec.resources.threads)
     plain: dict[str, str] = {
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
+        "OMP_WAIT_POLICY": OMP_WAIT_POLICY,
         ENV_BIND_HOST: BIND_ALL,
         **spec.identity_env(),
         ENV_NAMESPACE: cfg.namespace,

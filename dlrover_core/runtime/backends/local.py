@@ -64,6 +64,7 @@ from dlrover_core.runtime.backends.base import (
     ENV_NODE_ID,
     ENV_ROLE,
     LOST_REASON,
+    OMP_WAIT_POLICY,
     OOM_REASON,
     NodeExit,
     NodeHandle,
@@ -75,7 +76,7 @@ from dlrover_core.runtime.cgroup import CpuQuotas
 from dlrover_core.types import NodeResources, Role
 from dlrover_core.units import mib_from_bytes
 
-__all__ = ["LocalBackend", "UnknownNodeError", "threads_for"]
+__all__ = ["LocalBackend", "UnknownNodeError"]
 
 log = logging.getLogger(__name__)
 _Key = tuple[Role, int, int]
@@ -86,11 +87,6 @@ class UnknownNodeError(DLRoverError):
     """A handle this backend neither launched nor adopted."""
 
     kind = ErrorKind.NOT_FOUND
-
-
-def threads_for(resources: NodeResources) -> int:
-    """Threads a node of ``resources`` should use (OMP/MKL): its cores rounded, at least 1."""
-    return max(1, round(resources.cpu_cores))
 
 
 @dataclass
@@ -174,9 +170,10 @@ class LocalBackend:
                 )
             cpus = self._choose_cpus(spec.resources) if self._quotas is None else None
         env = {
+            "OMP_WAIT_POLICY": OMP_WAIT_POLICY,
             **os.environ,
-            "OMP_NUM_THREADS": str(threads_for(spec.resources)),
-            "MKL_NUM_THREADS": str(threads_for(spec.resources)),
+            "OMP_NUM_THREADS": str(spec.resources.threads),
+            "MKL_NUM_THREADS": str(spec.resources.threads),
             ENV_BIND_HOST: LOOPBACK,
             ENV_ADVERTISE_HOST: LOOPBACK,
             **spec.identity_env(),

@@ -100,7 +100,7 @@ def test_pod_carries_identity_resources_and_ownership() -> None:
     assert env[ENV_NODE_ID]["value"] == "2"
     assert env[ENV_INCARNATION]["value"] == "3"
     assert env["DLROVER_RM_MASTER"]["value"] == "master.jobs.svc:50051"
-    assert env["OMP_NUM_THREADS"]["value"] == "2"
+    assert env["OMP_NUM_THREADS"]["value"] == "1"  # 1.5 CPU: whole cores, rounded down
     assert env[ENV_STATE_DIR]["value"] == "/var/lib/dlrover-rm"
     assert env[ENV_TOKEN]["valueFrom"]["secretKeyRef"] == {"name": "ctr-job-token", "key": "token"}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
