@@ -19,6 +19,11 @@ Notes on the package (0.6.1), handled here:
   its default node memory (8000 MB).
 * OOM: ``generate_oom_recovery_plan`` (x2 memory), the increment capped at 8 GiB and the
   result at 64 GiB, as in ``PSJobResourceOptimizer._adjust_oom_*``.
+
+All-reduce jobs (``JobView.strategy == "allreduce"``): DLRover's ``PSLocalOptimizer`` plans PS
+jobs only; its all-reduce jobs (``dlrover-run``, torch elastic) run the node count and sizes the
+user set, and are elastic on failure only: a failed node is relaunched (the group restarts),
+an OOM one with the same memory rule as above. So the user's plan, never re-planned.
 """
 
 from __future__ import annotations
@@ -182,6 +187,8 @@ class DlroverOssPolicy(FixedInterval):
     def initial_plan(
         self, job: JobView, history: Sequence[HistoryRecord], now_s: float
     ) -> ResourcePlan:
+        if job.strategy == "allreduce":
+            return job.manual_plan  # DLRover's all-reduce: the user's nodes
         st = self._state(job)
         plan = st.opt.generate_opt_plan(JobOptStage.CREATE)
         base = ResourcePlan(
@@ -239,6 +246,8 @@ class DlroverOssPolicy(FixedInterval):
         samples: Sequence[Sample],
         now_s: float,
     ) -> ResourcePlan | None:
+        if job.strategy == "allreduce":
+            return None  # elastic on failure only
         st = self._state(job)
         self._report(st, observations, job.batch_size)
         if st.stats_since_change < self.min_stats:

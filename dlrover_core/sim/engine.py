@@ -1,4 +1,5 @@
-"""Discrete-event simulator of a shared CPU cluster running DLRM PS jobs under one policy.
+"""Discrete-event simulator of a shared CPU cluster running DLRM jobs under one policy: PS jobs
+(workers + parameter servers) and all-reduce jobs (a lockstep group of ranks, no PS).
 
 Between events every job runs at a constant true rate, so progress, CPU/memory integrals,
 the failure hazard and the PS memory growth are integrated exactly and the next event
@@ -7,6 +8,15 @@ solved for in closed form: no ticks, no wall clock, no threads.
 
 Policies see only ``Observation``s, steady-window ``Sample``s, exits with their class and
 ``HistoryRecord``s of earlier runs of the same signature (see policies.py).
+
+All-reduce jobs (``TraceJob.strategy == "allreduce"``): the group trains only while every rank
+is up, at ``JobTruth.allreduce_throughput`` (the slowest rank sets the pace); a rank needs
+``JobTruth.rank_memory_mib`` (OOM below it); a resize pauses the group ``allreduce_pause_s``
+(checkpoint, new world size, resharded load); a rank's exit stops the whole group, which is
+relaunched (every rank down ``relaunch_delay_s``) under the fault rule's budgets counted per
+group, as the runtime's all-reduce strategy does. A policy may ask for profiling trials
+before a job trains (``profile_plans``, optional): each costs ``profile_trial_s`` of the job's
+wall time and its cores, and leaves one speed sample.
 
 Conservation laws (tested): the allocated total never exceeds the cluster capacity; every job
 ends (completed or failed; a horizon guard fails what is left); samples done <= total.
@@ -94,6 +104,11 @@ class EngineConfig:
     head_reservation_s: float = 1800.0  # queue head waiting longer blocks backfill
     horizon_extra_s: float = 14 * 86_400.0
     hang_s: float = 6 * 3600.0  # no progress this long: the job is declared hung and fails
+    # all-reduce: a resize stops the group (checkpoint, new world size, resharded load); the
+    # runtime's pre-warmed resize measured 3 s at 2 ranks and 25-38 s at 48-64 ranks
+    # (benchmarks/README.md, allreduce_rendezvous)
+    allreduce_pause_s: float = 30.0
+    profile_trial_s: float = 120.0  # one profiling trial (a policy's ``profile_plans``)
 
 
 class _Node:
@@ -156,6 +171,10 @@ class _Run:
     n_alloc: int = 0
     up_workers: list[_Node] = field(default_factory=list)
     ps_all_up: bool = False
+    allreduce: bool = False  # a group of ranks, no PS (``TraceJob.strategy``)
+    w_mem_need: float = 0.0  # MiB a worker (rank) uses now: the truth's, at this rank count
+    group_relaunches: dict[str, int] = field(default_factory=dict)  # all-reduce, per class
+    profiled_s: float = 0.0  # wall time of the policy's profiling trials (``_profile``)
     # set by every full ``_refresh`` (which follows every change to the nodes): the earliest
     # time a node of the run comes up (INF: none down), whether a node waits for capacity,
     # and whether the job was paused then; between changes the up set is constant until
@@ -199,6 +218,7 @@ def job_view(job: TraceJob) -> JobView:
         sparse_features=job.sparse_features,
         dense_features=job.dense_features,
         submit_s=job.submit_s,
+        strategy=job.strategy,
     )
 
 
@@ -238,6 +258,8 @@ class Engine:
                 rng_fail=np.random.default_rng([seed, j.index, 101]),
                 rng_strag=np.random.default_rng([seed, j.index, 102]),
                 rng_noise=np.random.default_rng([seed, j.index, 103]),
+                allreduce=j.strategy == "allreduce",
+                w_mem_need=j.truth.worker_memory_mib,
             )
             for j in jobs
         ]
@@ -343,6 +365,9 @@ class Engine:
         run.rate_key = key
         wc = np.array([n.res.cpu_cores for n in run.up_workers])
         pc = np.array([n.res.cpu_cores for n in run.ps])
+        if run.allreduce:
+            self._refresh_group(run, wc, paused)
+            return
         if run.up_workers and run.ps_all_up:
             x, xw, _, _ = truth.rates(wc, pc, [n.speed for n in run.up_workers])
         else:
@@ -362,6 +387,27 @@ class Engine:
             run.peak_w_mem = max(run.peak_w_mem, truth.worker_memory_mib)
         if run.p_used.size:
             run.peak_p_cpu = max(run.peak_p_cpu, float(run.p_used.max()))
+
+    def _refresh_group(self, run: _Run, wc: np.ndarray, paused: bool) -> None:
+        """``_refresh``'s rates and usage of an all-reduce group: it trains only with every
+        rank up, at the pace of its slowest rank (the smallest CPU, the lowest speed)."""
+        truth = run.job.truth
+        n = len(run.workers)
+        run.w_mem_need = truth.rank_memory_mib(n)
+        speeds = np.array([nd.speed for nd in run.up_workers])
+        x = 0.0
+        if n and len(run.up_workers) == n and not paused:
+            x = truth.allreduce_throughput(
+                n, float(wc.min()), run.job.batch_size, float(speeds.min())
+            )
+        run.x = x
+        run.xw = x
+        run.w_used = truth.allreduce_cpu_used(wc, speeds, x)
+        run.p_used = np.zeros(0)
+        run.cpu_used = float(run.w_used.sum())
+        if run.w_used.size:
+            run.peak_w_cpu = max(run.peak_w_cpu, float(run.w_used.max()))
+            run.peak_w_mem = max(run.peak_w_mem, run.w_mem_need)
 
     def _ps_oom_each(self, run: _Run) -> np.ndarray:
         """Per PS, the samples done at which it exceeds its limit (memoised on the limits)."""
@@ -423,10 +469,10 @@ class Engine:
             "workers": len(run.workers),
             "ps": p,
             "worker_cpu_cores": run.plan.workers.resources.cpu_cores,
-            "ps_cpu_cores": run.plan.ps.resources.cpu_cores,
+            "ps_cpu_cores": run.plan.ps.resources.cpu_cores if run.ps else 0.0,
             "throughput_sps": 0.0,
             "batch_size": run.job.batch_size,
-            "worker_memory_mib": truth.worker_memory_mib,
+            "worker_memory_mib": run.w_mem_need,
             "ps_memory_mib": None,
             "ps_cpu_util": ps_util,
             "worker_cpu_util": w_util,
@@ -457,7 +503,7 @@ class Engine:
         run.cpu_alloc_cs += cores(run.alloc_cpu_m) * dt
         run.mem_alloc_ms += run.alloc_mem * dt
         truth = run.job.truth
-        mem = len(run.up_workers) * truth.worker_memory_mib
+        mem = len(run.up_workers) * run.w_mem_need
         if run.ps_all_up:
             pm = self._ps_mem(run, 0.5 * (n0 + run.done))
             mem += float(pm.sum())
@@ -482,12 +528,15 @@ class Engine:
             cands.append(t + (total - run.done) / run.x)
             if run.job.fatal_at_fraction is not None:
                 cands.append(t + max(0.0, run.job.fatal_at_fraction * total - run.done) / run.x)
-            n_oom = float(self._ps_oom_each(run).min())
-            cands.append(t + max(0.0, n_oom - run.done) / run.x)
+            if run.ps:
+                n_oom = float(self._ps_oom_each(run).min())
+                cands.append(t + max(0.0, n_oom - run.done) / run.x)
         else:
             cands.append(run.last_progress_s + self.cfg.hang_s)
         if run.n_alloc:
             cands.append(t + (run.hazard_next - run.hazard) / (run.n_alloc * self._fail_rate))
+        if run.allreduce and any(n.res.memory_mib < run.w_mem_need for n in run.up_workers):
+            cands.append(t)  # a rank below its need runs out of memory as it loads its shards
         return max(t, min(cands))
 
     def _schedule(self, run_idx: int, t: float) -> None:
@@ -498,6 +547,13 @@ class Engine:
 
     # ---- plans ---------------------------------------------------------------------------
     def _valid(self, run: _Run, plan: ResourcePlan) -> bool:
+        if run.allreduce:  # ranks only: a plan with PS is not one for this job
+            return (
+                plan.workers.count >= 1
+                and plan.ps.count == 0
+                and plan.workers.resources.cpu_millicores > 0
+                and plan.total.fits_in(run.job.quota)
+            )
         return (
             plan.workers.count >= 1
             and plan.ps.count >= 1
@@ -506,8 +562,10 @@ class Engine:
             and plan.total.fits_in(run.job.quota)
         )
 
-    def _apply(self, run: _Run, plan: ResourcePlan, t: float) -> bool:
-        """Apply a new plan if the cluster has room for the difference; else keep it pending."""
+    def _apply(self, run: _Run, plan: ResourcePlan, t: float, fault: bool = False) -> bool:
+        """Apply a new plan if the cluster has room for the difference; else keep it pending.
+        ``fault``: an all-reduce group relaunched after an exit (the caller prices it: no
+        scaling operation, no resize pause)."""
         old_over = {
             (o.role, o.node_id, o.resources) for o in (run.plan.overrides if run.plan else ())
         }
@@ -528,6 +586,7 @@ class Engine:
                     and old.res == res
                     and not fresh_override
                     and old.pending is None
+                    and old.down_until < INF
                 ):
                     out.append(old)
                 elif role is Role.WORKER:
@@ -553,9 +612,12 @@ class Engine:
         first = run.plan is None
         run.plan = plan
         run.pending_plan = None
-        if not first and (ps_changed or w_changed):
+        if not first and not fault and (ps_changed or w_changed):
             run.scaling_ops += 1
-            pause = self.cfg.ps_pause_s if ps_changed else self.cfg.worker_pause_s
+            if run.allreduce:
+                pause = self.cfg.allreduce_pause_s
+            else:
+                pause = self.cfg.ps_pause_s if ps_changed else self.cfg.worker_pause_s
             run.paused_until = max(run.paused_until, t + pause)
             self._new_window(run, t)
         self._refresh(run, t)
@@ -573,7 +635,7 @@ class Engine:
         w_used = run.w_used.tolist()
         p_used = run.p_used.tolist()
         x_noise = run.x * noise
-        w_mem = int(truth.worker_memory_mib)
+        w_mem = int(run.w_mem_need)
         since = run.config_since
         worker, ps, running = Role.WORKER, Role.PS, NodeState.RUNNING
         new, set_ = _new, _set  # running nodes as _node_observation builds them, inlined
@@ -679,6 +741,7 @@ class Engine:
                     ps_memory_used_mib=int(run.peak_p_mem),
                     throughput_sps=run.done / wall if wall > 0 else 0.0,
                     wall_s=wall,
+                    strategy=run.job.strategy,
                     # a real history store keeps the run's speed samples too (issue 4)
                     extra={
                         "job": run.job.name,
@@ -706,6 +769,9 @@ class Engine:
         return key, tries, self.cfg.faults.decide(node_role, cls, current, planned, tries)
 
     def _node_exit(self, run: _Run, node: _Node, cls: ExitClass, t: float) -> None:
+        if run.allreduce:
+            self._rank_exit(run, node, cls, t)
+            return
         if cls is ExitClass.OOM:
             run.oom_count += 1
         assert run.plan is not None
@@ -799,6 +865,68 @@ class Engine:
         )
         self._refresh(run, t)
 
+    def _rank_exit(self, run: _Run, node: _Node, cls: ExitClass, t: float) -> None:
+        """A rank of an all-reduce group exited: the group stops. The runtime's rule decides
+        whether it goes on (budgets per exit class, counted for the group); the policy how
+        (``RelaunchDecision.resources``: every rank's new size, e.g. more memory after an
+        OOM; ``plan``: a new plan). Every rank is then down ``relaunch_delay_s``; a group
+        whose new size does not fit the cluster waits for room with every rank down."""
+        if cls is ExitClass.OOM:
+            run.oom_count += 1
+        plan = run.plan
+        assert plan is not None
+        planned = plan.node_resources(node.role, node.node_id)
+        key, tries, rule = self.relaunch_rule(
+            node.role, cls, node.res, planned, run.group_relaunches
+        )
+        who = f"{node.role.value}-{node.node_id}"
+        if rule.fail_job or not rule.relaunch:
+            self._finish(run, t, False, f"{who} lost ({cls.value}: {rule.reason}); no group")
+            return
+        dec = self.policy.on_node_exit(
+            run.view, node.role, node.node_id, cls, node.res, plan, tries
+        )
+        if not dec.relaunch and dec.plan is None:
+            self._finish(run, t, False, f"{who} lost ({cls.value}, {dec.reason}); no group")
+            return
+        new = dec.plan
+        if new is None:
+            res = dec.resources or node.res
+            if cls is ExitClass.OOM and res.memory_mib <= node.res.memory_mib:
+                # relaunched without more memory (the runtime always bumps it): such retries
+                # spend their own budget, as for a PS job's node
+                key = "oom-same-memory"
+                tries = run.group_relaunches.get(key, 0)
+                if tries >= self.cfg.faults.max_relaunches:
+                    self._finish(
+                        run, t, False,
+                        f"{who} OOM: group relaunched without more memory {tries} times",
+                    )  # fmt: skip
+                    return
+            new = replace(
+                plan,
+                workers=replace(plan.workers, resources=res),
+                overrides=tuple(o for o in plan.overrides if o.node_id != node.node_id),
+            )
+        run.group_relaunches[key] = tries + 1
+        if not self._valid(run, new):
+            new = plan
+        changed = new is not plan and not new.same_allocation(plan)
+        if changed and not self._apply(run, new, t, fault=True):  # waits for room
+            for n in run.workers:  # every rank down until the group fits
+                n.down_until = INF
+                n.down_since = t
+            self._new_window(run, t)
+            self._refresh(run, t)
+            return
+        if node in run.workers:  # the failed rank comes back on a fresh machine
+            node.speed = self._new_worker(run, node.node_id, node.res, t).speed
+        for n in run.workers:
+            n.down_until = t + self.cfg.relaunch_delay_s
+            n.down_since = t
+        self._new_window(run, t)
+        self._refresh(run, t)
+
     def _retry_pending_nodes(self, run: _Run, t: float) -> bool:
         changed = False
         for n in run.workers + run.ps:
@@ -828,7 +956,49 @@ class Engine:
         run.plan = None
         assert plan is not None
         self._apply(run, plan, t)
+        self._profile(run, plan, t)
         self._pace(run, t)
+
+    def _profile(self, run: _Run, plan: ResourcePlan, t: float) -> None:
+        """The policy's profiling trials before the job trains (``profile_plans``, optional;
+        all-reduce jobs only): trials run one after another, ``profile_trial_s`` each, and
+        each leaves one speed sample (the trial configuration's true rate, with the
+        measurement noise of a steady window). The job holds its first plan's allocation
+        meanwhile and makes no progress; the trials' own cores and memory are what the job
+        is charged for that time (the cluster's capacity is checked for the first plan only)."""
+        hook = getattr(self.policy, "profile_plans", None)
+        if hook is None or not run.allreduce:
+            return
+        trials = [p for p in hook(run.view, plan) if self._valid(run, p)]
+        if not trials:
+            return
+        truth = run.job.truth
+        dur = self.cfg.profile_trial_s
+        rng = np.random.default_rng([self.seed, run.job.index, 104])
+        for k, p in enumerate(trials):
+            w = p.workers
+            x = truth.allreduce_throughput(w.count, w.resources.cpu_cores, run.job.batch_size)
+            run.samples.append(
+                Sample(
+                    workers=w.count,
+                    ps=0,
+                    worker_cpu_cores=w.resources.cpu_cores,
+                    ps_cpu_cores=0.0,
+                    throughput_sps=x * float(np.exp(rng.normal(0.0, truth.noise_sigma))),
+                    batch_size=run.job.batch_size,
+                    worker_memory_mib=truth.rank_memory_mib(w.count),
+                    timestamp_s=t + (k + 1) * dur,
+                )
+            )
+        total_s = dur * len(trials)
+        run.cpu_alloc_cs += sum(p.total.cpu_cores for p in trials) * dur
+        run.cpu_alloc_cs -= cores(run.alloc_cpu_m) * total_s  # counted by ``_advance``
+        run.mem_alloc_ms += sum(p.total.memory_mib for p in trials) * dur
+        run.mem_alloc_ms -= run.alloc_mem * total_s
+        run.paused_until = max(run.paused_until, t + total_s)
+        run.profiled_s = total_s
+        self._new_window(run, t + total_s)
+        self._refresh(run, t)
 
     def _try_admit(self, t: float) -> None:
         for idx in sorted(self.running):
@@ -867,7 +1037,6 @@ class Engine:
 
     def _handle(self, run: _Run, t: float) -> None:
         self._advance(run, t)
-        truth = run.job.truth
         total = run.job.samples_total
         if run.done >= total * (1 - 1e-9) - 1e-6:
             run.done = float(total)
@@ -880,7 +1049,7 @@ class Engine:
         self._refresh_event(run, t)
         # OOM: any up node above its limit
         for n in run.up_workers:
-            if truth.worker_memory_mib > n.res.memory_mib:
+            if run.w_mem_need > n.res.memory_mib:
                 self._node_exit(run, n, ExitClass.OOM, t)
                 return
         if run.ps_all_up:

@@ -4,6 +4,12 @@ A policy sees only what a real system sees: the job as submitted (``JobView``), 
 of earlier runs of the same signature, live ``Observation``s and steady-window ``Sample``s, and
 node exits with their class. Only the ``oracle`` is handed the hidden truth.
 
+All-reduce jobs (``JobView.strategy == "allreduce"``: ranks, no PS; every plan has 0 PS):
+``manual`` keeps the user's ranks; ``vpa`` and ``autopilot`` size the ranks' requests from
+their usage as they size any container (counts stay); ``optimus`` fits its synchronous form
+without PS terms, ``w / X = θ0 + θ1·w``, and adds ranks greedily; the ``oracle`` takes the
+true best ranks x CPU per rank (``JobTruth.allreduce_oracle_config``).
+
 The table of runnable policies is built explicitly by ``registry.policy_factories()``;
 ``register_policy(name, factory)`` adds a user's own policy to it.
 """
@@ -67,6 +73,7 @@ class JobView:
     sparse_features: int
     dense_features: int
     submit_s: float
+    strategy: str = "ps"  # "ps" | "allreduce" (the spec's ``strategy``: ranks, no PS)
 
 
 class Policy(Protocol):
@@ -618,6 +625,8 @@ class OptimusPolicy(FixedInterval):
             current.ps.count,
         ):
             return None  # wait for a steady sample of the current configuration
+        if job.strategy == "allreduce":
+            return self._replan_ranks(job, current, samples, now_s)
         w, p = current.workers.count, current.ps.count
         wcores = current.workers.resources.cpu_cores
         pcores = current.ps.resources.cpu_cores
@@ -661,6 +670,58 @@ class OptimusPolicy(FixedInterval):
             return None
         return fitted
 
+    def _replan_ranks(
+        self, job: JobView, current: ResourcePlan, samples: Sequence[Sample], now_s: float
+    ) -> ResourcePlan | None:
+        """All-reduce: Optimus' synchronous form without PS terms, ``w / X = θ0 + θ1·w``
+        (NNLS over the distinct rank counts measured), then ranks added greedily (+w/8 at a
+        time) while a rank adds at least ``min_gain_per_core`` of the average per-core rate,
+        inside the quota. Until 3 rank counts are measured it explores (+25% ranks)."""
+        w = current.workers.count
+        wcores = current.workers.resources.cpu_cores
+        by_w: dict[int, list[float]] = {}
+        for s in samples:
+            if s.throughput_sps > 0:
+                by_w.setdefault(s.workers, []).append(s.throughput_sps)
+        theta: np.ndarray | None = None
+        if len(by_w) >= 3:
+            a = np.array([[1.0, float(n)] for n in by_w])
+            y = np.array([n / float(np.mean(xs)) for n, xs in by_w.items()])
+            theta, _ = nnls(a, y)
+
+        def f(n: int) -> float:
+            assert theta is not None
+            den = theta[0] + theta[1] * n
+            return n / den if den > 0 else 0.0
+
+        if theta is None:
+            step = self._explore.get(job.name, 0)
+            self._explore[job.name] = step + 1
+            if step >= 3:
+                return None
+            w2 = w + max(1, w // 4)
+        else:
+            w2 = w
+            for _ in range(self.max_steps):
+                x = f(w2)
+                dw = max(1, w2 // 8)
+                gain = (f(w2 + dw) - x) / (dw * wcores)
+                if gain < self.min_gain_per_core * x / (w2 * wcores):
+                    break
+                w2 += dw
+        if w2 == w:
+            return None
+        plan = replace(
+            current,
+            workers=RolePlan(w2, current.workers.resources),
+            overrides=(),
+            stage=Stage.SCALING if theta is not None else Stage.SAMPLING,
+            reasons=("optimus: greedy marginal gain" if theta is not None else "optimus: explore",),
+            created_at_s=now_s,
+        )
+        fitted = _fit_quota(plan, job.quota)
+        return None if fitted.workers.count == w else fitted
+
     def on_node_exit(
         self,
         job: JobView,
@@ -676,7 +737,8 @@ class OptimusPolicy(FixedInterval):
 
 # ---- oracle -------------------------------------------------------------------------------
 class OraclePolicy(FixedInterval):
-    """Knows each job's truth: starts at ``JobTruth.oracle_config`` and never changes."""
+    """Knows each job's truth: starts at ``JobTruth.oracle_config`` (all-reduce:
+    ``allreduce_oracle_config``) and never changes."""
 
     uses_samples = False  # decides from observations only: the engine builds no Samples
 
@@ -695,6 +757,18 @@ class OraclePolicy(FixedInterval):
         truth = self._truths.get(job.name)
         if truth is None:
             return job.manual_plan
+        if job.strategy == "allreduce":
+            c = truth.allreduce_oracle_config(
+                job.quota.cpu_cores, job.quota.memory_mib, job.batch_size
+            )
+            return ResourcePlan(
+                workers=RolePlan(c.workers, _res(c.worker_cpu_cores, c.worker_memory_mib)),
+                ps=RolePlan(0, NodeResources(0, 0)),
+                stage=Stage.WARM_START,
+                reasons=("oracle: best per-core ranks x CPU of the true model",),
+                predicted_throughput_sps=c.throughput_sps,
+                created_at_s=now_s,
+            )
         c = truth.oracle_config(job.quota.cpu_cores, job.quota.memory_mib)
         return ResourcePlan(
             workers=RolePlan(c.workers, _res(c.worker_cpu_cores, c.worker_memory_mib)),

@@ -1,5 +1,12 @@
 """The `dlrover-rm` policy in the simulator: our planner and fault policies, seeing only what a
-real master sees (samples, observations, exits, history)."""
+real master sees (samples, observations, exits, history).
+
+All-reduce jobs go through the same ``Planner`` (its spec says ``strategy: allreduce``):
+``Planner.replan`` runs the all-reduce stages 3 and 2 (``planner/allreduce.py``). Their model
+needs two configurations or more, which production gets from the pipeline's profile step:
+a first run (no speed samples in the history) asks the engine for the profile step's trials
+(``profile_plans``: the first plan and the planner's sampling moves from it, as
+``runtime/profiler.profile_configs`` picks them from DLRover's cold start)."""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from dlrover_core.faults import (
 from dlrover_core.model.selection import ModelChoice
 from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
+from dlrover_core.planner.scaling import plan_key, sampling_candidates
 from dlrover_core.sim.policies import JobView, RelaunchDecision
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (
@@ -44,6 +52,7 @@ class _Job:
 
 
 PER_CONFIG = 8  # speed samples kept per configuration (the most recent)
+PROFILE_TRIALS = 4  # all-reduce first runs: trials of the profile step (the model's minimum)
 
 
 def _bounded(samples: Sequence[Sample], per_config: int = PER_CONFIG) -> list[Sample]:
@@ -128,6 +137,30 @@ class DLRoverRMPolicy:
         st.prior = _bounded(st.planner.history_samples(recs, now_s))
         st.plans.append(plan)
         return plan
+
+    def profile_plans(self, job: JobView, plan: ResourcePlan) -> list[ResourcePlan]:
+        """The profile step's trials for an all-reduce job without speed samples from earlier
+        runs: its first plan, then the planner's sampling moves from it (one input at a time,
+        distinct, inside the bounds and the quota), ``PROFILE_TRIALS`` in all. None for PS
+        jobs (their planner samples live) or when history left samples."""
+        st = self._job(job)
+        if st.planner.spec.strategy_kind.has_ps or st.prior:
+            return []
+        planner = st.planner
+        trials = [plan]
+        seen = {plan_key(plan)}
+        for w, p, what in sampling_candidates(plan, planner.bounds, planner.config, ()):
+            if planner.bounds.over_quota(w, p):
+                continue
+            w2, p2, _ = planner.bounds.fit(w, p)
+            cand = plan.replace(workers=w2, ps=p2, stage=Stage.SAMPLING, reasons=(what,))
+            if plan_key(cand) in seen:
+                continue
+            seen.add(plan_key(cand))
+            trials.append(cand)
+            if len(trials) >= PROFILE_TRIALS:
+                break
+        return trials
 
     def replan(
         self,

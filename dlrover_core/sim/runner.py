@@ -58,6 +58,8 @@ def run_policy(
 
 
 def _oracle_of_job(j: TraceJob) -> OracleConfig:
+    if j.strategy == "allreduce":
+        return j.truth.allreduce_oracle_config(j.quota.cpu_cores, j.quota.memory_mib, j.batch_size)
     return j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib)
 
 
@@ -162,8 +164,11 @@ def simulate(
     processes: int = 2,
     keep_jobs: bool = False,
     keep_timing: bool = False,
+    allreduce_share: float = 0.0,
 ) -> dict[str, Any]:
-    """Run ``policies`` (default: every registered one) on one generated trace.
+    """Run ``policies`` (default: every registered one) on one generated trace
+    (``allreduce_share``: the share of its signatures trained by all-reduce, see
+    ``generate_trace``; at 0 the result has no ``allreduce_share`` key, as before).
 
     With ``processes > 1`` the policies run in a pool of forked processes, the costliest
     first; the jobs' oracle configurations (needed by every policy's
@@ -179,7 +184,7 @@ def simulate(
     unknown = [n for n in names if n not in table]
     if unknown:
         raise KeyError(f"unknown policies {unknown}; registered: {', '.join(table)}")
-    jobs = generate_trace(n_jobs, seed)
+    jobs = generate_trace(n_jobs, seed, allreduce_share)
     _JOBS = jobs
     results: dict[str, dict[str, Any]] = {}
     if processes > 1 and len(names) > 1 and "fork" in mp.get_all_start_methods():
@@ -204,12 +209,16 @@ def simulate(
             res.pop("jobs", None)
         if not keep_timing:
             res.pop("cpu_s", None)
-    return {
+    out = {
         "policies": {n: results[n] for n in names},
         "jobs": n_jobs,
         "seed": seed,
         "completion_bound": completion_bound(jobs),
     }
+    if allreduce_share:
+        out["allreduce_share"] = allreduce_share
+        out["allreduce_jobs"] = sum(j.strategy == "allreduce" for j in jobs)
+    return out
 
 
 def completion_bound(jobs: Sequence[TraceJob]) -> float:

@@ -42,4 +42,6 @@ def job_view_to_spec(view: JobView, **pacing: float) -> JobSpec:
         "constraints": {"workers": {"min": 1, "max": 256}, "ps": {"min": 1, "max": 15}},
         "pacing": {**SIM_PACING, **pacing},
     }
+    if view.strategy != "ps":
+        data["strategy"] = view.strategy
     return parse_spec(data, source=f"simulated job {view.name!r}")

@@ -26,6 +26,7 @@ LARGE_JOB_CORES = 100.0
 FATAL_BUG_PROB = 0.025  # a code bug kills the job whatever its resources
 PS_MEMORY_UNDER_PROB = {"small": 0.07, "large": 0.16}  # users who under-provision PS memory
 HOT_PS_PROB = 0.2  # users who configure far too few PS
+ALLREDUCE_MEMORY_UNDER_PROB = 0.1  # all-reduce users who ask for too little memory per rank
 
 PAI_COLUMNS = (
     "job_name",
@@ -70,6 +71,7 @@ class TraceJob:
     fatal_at_fraction: float | None  # a code bug exits the job at this progress (all policies)
     manual_duration_s: float  # the generator's target wall time under the manual plan
     truth: JobTruth
+    strategy: str = "ps"  # "ps" | "allreduce" (ranks only: no PS; see ``_as_allreduce``)
 
     @property
     def seed(self) -> int:
@@ -99,6 +101,7 @@ class _Signature:
     manual: ResourcePlan
     duration_s: float
     x_manual: float
+    strategy: str = "ps"
 
 
 def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signature:
@@ -179,11 +182,69 @@ def _make_signature(rng: np.random.Generator, sig_id: int, seed: int) -> _Signat
     )
 
 
-def generate_trace(n_jobs: int, seed: int) -> list[TraceJob]:
-    """``n_jobs`` jobs over ``max(3, n_jobs/100)`` days, sorted by submit time."""
+def _as_allreduce(sig: _Signature, rng: np.random.Generator) -> _Signature:
+    """``sig`` trained by all-reduce instead (ranks, no PS), drawn from ``rng``.
+
+    The ranks compute as the signature's workers do (``c_w``, ``k_w``, ``o_w``: CPU-bound
+    DLRM steps); each step they synchronise (a ring): ``sync_hop_s`` per hop, 1–8 ms
+    (gloo's latency over TCP and the dense gradients' chunk per hop), and the pooled
+    embeddings' all-to-all, ``sparse x dim x 4 B`` forward and backward per sample, at
+    0.6–1.4 GB/s per rank (DOMAIN.md: gloo bulk ~1.4 GB/s). The tables are fixed-size as the
+    trainer builds them (100,003 rows per table, fp32 weights + one optimizer slot), sharded
+    over the ranks (``JobTruth.rank_memory_mib``). The user asks for the signature's worker
+    count as ranks (at most 32) at its CPU per worker, and memory per rank 1.3–3x the true
+    need, or (``ALLREDUCE_MEMORY_UNDER_PROB``) 0.6–0.95x of it. The run is as long as the
+    signature's under that request."""
+    t = sig.truth
+    dim, sparse = sig.embedding_dim, sig.sparse_features
+    truth = dataclasses.replace(
+        t,
+        sync_hop_s=float(np.exp(rng.uniform(np.log(1e-3), np.log(8e-3)))),
+        sync_bytes_per_sample=sparse * dim * 4 * 2 * float(rng.uniform(0.8, 1.2)),
+        ps_bandwidth_bps=float(rng.uniform(0.6e9, 1.4e9)),
+        rank_table_mib=mib_from_bytes(sparse * 100_003 * dim * 4 * 2),
+        _shares={},
+        _oracle={},
+        _ar_oracle={},
+    )
+    w = min(32, sig.manual.workers.count)
+    wcpu = sig.manual.workers.resources.cpu_cores
+    x_manual = truth.allreduce_throughput(w, wcpu, sig.batch_size)
+    samples = int(x_manual * sig.duration_s)
+    truth = dataclasses.replace(truth, samples_total=samples, _ar_oracle={})
+    need = truth.rank_memory_mib(w)
+    if rng.random() < ALLREDUCE_MEMORY_UNDER_PROB:
+        wmem = int(need * rng.uniform(0.6, 0.95))
+    else:
+        wmem = int(mib_from_gib(math.ceil(gib(need * rng.uniform(1.3, 3.0)))))
+    manual = ResourcePlan(
+        workers=RolePlan(w, NodeResources(millicores_from_cores(wcpu), wmem)),
+        ps=RolePlan(0, NodeResources(0, 0)),
+        stage=Stage.COLD_START,
+        reasons=("user's manual configuration (all-reduce ranks)",),
+    )
+    return dataclasses.replace(
+        sig,
+        size_class="large" if w * wcpu >= LARGE_JOB_CORES else "small",
+        truth=truth,
+        manual=manual,
+        x_manual=x_manual,
+        strategy="allreduce",
+    )
+
+
+def generate_trace(n_jobs: int, seed: int, allreduce_share: float = 0.0) -> list[TraceJob]:
+    """``n_jobs`` jobs over ``max(3, n_jobs/100)`` days, sorted by submit time.
+
+    ``allreduce_share``: the chance that a signature (all its runs) trains by all-reduce
+    (``_as_allreduce``). Which ones, and their all-reduce parameters, come from a stream of
+    their own, so the trace is the same otherwise: at 0 it is the PS-only trace, draw for draw."""
     if n_jobs < 1:
         raise ValueError("n_jobs must be >= 1")
+    if not 0.0 <= allreduce_share <= 1.0:
+        raise ValueError(f"allreduce_share must be in [0, 1], got {allreduce_share!r}")
     rng = np.random.default_rng([seed, 1])
+    rng_ar = np.random.default_rng([seed, 2]) if allreduce_share > 0 else None
     days = max(3.0, n_jobs / 100.0)
     span = days * DAY_S
     entries: list[tuple[float, _Signature, int, bool]] = []
@@ -191,6 +252,8 @@ def generate_trace(n_jobs: int, seed: int) -> list[TraceJob]:
     while len(entries) < n_jobs:
         sig = _make_signature(rng, sig_id, seed)
         sig_id += 1
+        if rng_ar is not None and rng_ar.random() < allreduce_share:
+            sig = _as_allreduce(sig, rng_ar)
         if rng.random() < 0.6:  # a recurring pipeline: daily retrains at the same hour
             runs = min(n_jobs - len(entries), int(rng.integers(3, 11)), max(1, int(days)))
             start = float(rng.uniform(0, DAY_S))
@@ -204,7 +267,9 @@ def generate_trace(n_jobs: int, seed: int) -> list[TraceJob]:
     for i, (t, sig, run, recurring) in enumerate(entries[:n_jobs]):
         growth = 1.0 + 0.02 * run  # the daily dataset grows a little
         samples = int(sig.truth.samples_total * growth)
-        truth = dataclasses.replace(sig.truth, samples_total=samples, _shares={}, _oracle={})
+        truth = dataclasses.replace(
+            sig.truth, samples_total=samples, _shares={}, _oracle={}, _ar_oracle={}
+        )
         manual = sig.manual
         tot = manual.total
         quota = NodeResources(
@@ -232,6 +297,7 @@ def generate_trace(n_jobs: int, seed: int) -> list[TraceJob]:
                 fatal_at_fraction=fatal,
                 manual_duration_s=sig.duration_s * growth,
                 truth=truth,
+                strategy=sig.strategy,
             )
         )
     return jobs
@@ -253,22 +319,31 @@ def trace_to_rows(
         plan = j.manual_plan
         wcpu = plan.workers.resources.cpu_cores
         pcpu = plan.ps.resources.cpu_cores
-        x, xw, _, _ = j.truth.rates([wcpu] * plan.workers.count, [pcpu] * plan.ps.count)
-        wu, pu = j.truth.cpu_used(
-            np.full(plan.workers.count, wcpu), np.full(plan.ps.count, pcpu), x, xw
-        )
-        ps_end = j.truth.ps_memory_used(plan.ps.count, j.samples_total)
-        ps_mid = j.truth.ps_memory_used(plan.ps.count, j.samples_total / 2)
-        for role, rp, cpu_use, avg_mem, max_mem in (
-            (
-                "worker",
-                plan.workers,
-                float(wu.mean()),
-                j.truth.worker_memory_mib,
-                j.truth.worker_memory_mib,
-            ),
-            ("ps", plan.ps, float(pu.mean()), float(ps_mid.mean()), float(ps_end.max())),
-        ):
+        roles: list[tuple[str, RolePlan, float, float, float]]
+        if j.strategy == "allreduce":  # ranks only: one row, no PS
+            n = plan.workers.count
+            x = j.truth.allreduce_throughput(n, wcpu, j.batch_size)
+            ru = j.truth.allreduce_cpu_used(np.full(n, wcpu), np.ones(n), x)
+            need = j.truth.rank_memory_mib(n)
+            roles = [("worker", plan.workers, float(ru.mean()), need, need)]
+        else:
+            x, xw, _, _ = j.truth.rates([wcpu] * plan.workers.count, [pcpu] * plan.ps.count)
+            wu, pu = j.truth.cpu_used(
+                np.full(plan.workers.count, wcpu), np.full(plan.ps.count, pcpu), x, xw
+            )
+            ps_end = j.truth.ps_memory_used(plan.ps.count, j.samples_total)
+            ps_mid = j.truth.ps_memory_used(plan.ps.count, j.samples_total / 2)
+            roles = [
+                (
+                    "worker",
+                    plan.workers,
+                    float(wu.mean()),
+                    j.truth.worker_memory_mib,
+                    j.truth.worker_memory_mib,
+                ),
+                ("ps", plan.ps, float(pu.mean()), float(ps_mid.mean()), float(ps_end.max())),
+            ]
+        for role, rp, cpu_use, avg_mem, max_mem in roles:
             status = out["status"] if out else "Terminated"
             start = out["start_time"] if out else j.submit_s
             end = out["end_time"] if out else j.submit_s + j.manual_duration_s

@@ -121,10 +121,16 @@ class JobTruth:
     # ``sync_bytes_per_sample`` over ``ps_bandwidth_bps`` (see ``allreduce_throughput``)
     sync_hop_s: float = 1e-3
     sync_bytes_per_sample: float = 0.0
+    # all-reduce: embedding tables (weights + optimizer state) sharded over the ranks, MiB in
+    # all; a rank holds its share on top of ``worker_memory_mib`` (see ``rank_memory_mib``)
+    rank_table_mib: float = 0.0
     _shares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
     _mshares: dict[int, FloatArray] = field(default_factory=dict, repr=False, compare=False)
     _mshare_max: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
     _oracle: dict[tuple[int, int], OracleConfig] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    _ar_oracle: dict[tuple[int, int, int], OracleConfig] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -199,16 +205,19 @@ class JobTruth:
         """True samples/s of ``w`` workers x ``worker_cpu`` cores and ``p`` PS x ``ps_cpu``."""
         return self.rates([worker_cpu] * w, [ps_cpu] * p, worker_speeds)[0]
 
-    def allreduce_throughput(self, ranks: int, cpu: float, batch_per_rank: int) -> float:
+    def allreduce_throughput(
+        self, ranks: int, cpu: float, batch_per_rank: int, slowest_speed: float = 1.0
+    ) -> float:
         """True samples/s of a synchronous all-reduce group of ``ranks`` x ``cpu`` cores.
 
         Lockstep: the group computes at the rate of ``ranks`` equal ranks (the same
         saturating cores as a worker: ``eff_worker``), then waits for the exchange, whose
         step time grows with the hops (``2(w-1)``, a ring) and moves ``2(w-1)/w`` of the
         synchronised bytes per rank; the two rates meet in the smooth minimum of the PS
-        family. Not the planner's all-reduce form (a sum of step-time terms, linear in CPU)."""
+        family. Not the planner's all-reduce form (a sum of step-time terms, linear in CPU).
+        ``slowest_speed``: the slowest rank's speed (a straggler; every rank waits for it)."""
         w = max(1, int(ranks))
-        x_compute = w * float(self.eff_worker(cpu)) / self.c_w
+        x_compute = w * float(self.eff_worker(cpu)) * slowest_speed / self.c_w
         if w == 1:
             return x_compute
         step_rows = w * batch_per_rank
@@ -218,6 +227,29 @@ class JobTruth:
         x_sync = step_rows / sync_s if sync_s > 0 else math.inf
         k = self.smooth_k
         return float((x_compute**-k + x_sync**-k) ** (-1.0 / k))
+
+    def rank_memory_mib(self, ranks: int) -> float:
+        """MiB one all-reduce rank uses at ``ranks`` ranks: the runtime (``worker_memory_mib``)
+        plus its share of the tables, 10 % above an even split when there are several ranks
+        (tables do not split evenly)."""
+        w = max(1, int(ranks))
+        share = 1.0 if w == 1 else 1.1 / w
+        return self.worker_memory_mib + self.rank_table_mib * share
+
+    def allreduce_cpu_used(self, cpus: FloatArray, speeds: FloatArray, x: float) -> FloatArray:
+        """Cores used per rank of a lockstep group running at ``x`` samples/s: a rank
+        computes its ``x / ranks`` samples/s at its own speed and waits for the others (and
+        the exchange) the rest of the time, burning its baseline only; so a slow rank reads
+        busy while the others read idle (what stage 3's straggler rule looks for)."""
+        base = np.minimum(0.5 * self.o_w, cpus)
+        if x <= 0 or cpus.size == 0:
+            return np.asarray(base, dtype=np.float64)
+        eff = np.asarray(self.eff_worker(cpus))
+        rate = eff * speeds / self.c_w  # samples/s each rank computes when busy
+        busy = rate > 0
+        rho = np.where(busy, np.minimum(1.0, (x / cpus.size) / np.where(busy, rate, 1.0)), 0.0)
+        used = base + rho * self._busy_cores(cpus, eff, 0.5 * self.o_w)
+        return np.asarray(np.minimum(used, cpus), dtype=np.float64)
 
     # ---- resource usage --------------------------------------------------------------
     def _busy_cores(self, cpu: FloatArray, eff: FloatArray, base: float) -> FloatArray:
@@ -305,6 +337,47 @@ class JobTruth:
             throughput_sps=x_best,
         )
         self._oracle[key] = cfg
+        return cfg
+
+    def allreduce_oracle_config(
+        self, quota_cpu_cores: float, quota_memory_mib: float, batch_per_rank: int
+    ) -> OracleConfig:
+        """The oracle of an all-reduce job: ranks (``_ORACLE_W``) x CPU per rank
+        (``_ORACLE_CPU``), memory per rank its true need plus ``MEMORY_MARGIN``, chosen by
+        the PS oracle's rule (the fastest configuration whose throughput per core is at least
+        ``ORACLE_EFFICIENCY_KEEP`` of the best, among those that fit the quota; the smallest
+        when none does). No PS (``ps`` 0)."""
+        key = (
+            millicores_from_cores_truncated(quota_cpu_cores),
+            int(quota_memory_mib),
+            int(batch_per_rank),
+        )
+        hit = self._ar_oracle.get(key)
+        if hit is not None:
+            return hit
+        w, lw = _ORACLE_W, _ORACLE_CPU
+        mem = np.array([math.ceil(self.rank_memory_mib(int(r)) * MEMORY_MARGIN) for r in w])
+        x = np.array(
+            [[self.allreduce_throughput(int(r), float(c), batch_per_rank) for c in lw] for r in w]
+        )
+        cores = w[:, None] * lw[None, :]
+        ok = (cores <= quota_cpu_cores + 1e-9) & ((w * mem)[:, None] <= quota_memory_mib)
+        if not ok.any():
+            ok = cores == cores.min()
+        per_core = np.where(ok, x / cores, -1.0)
+        good = ok & (per_core >= ORACLE_EFFICIENCY_KEEP * per_core.max())
+        flat = int(np.argmax(np.where(good, x, -1.0)))
+        iw, il = (int(i) for i in np.unravel_index(flat, x.shape))
+        cfg = OracleConfig(
+            workers=int(w[iw]),
+            ps=0,
+            worker_cpu_cores=float(lw[il]),
+            ps_cpu_cores=0.0,
+            worker_memory_mib=int(mem[iw]),
+            ps_memory_mib=0,
+            throughput_sps=float(x[iw, il]),
+        )
+        self._ar_oracle[key] = cfg
         return cfg
 
     def oracle_grid(
