@@ -245,9 +245,13 @@ MAX_SIM_JOBS = 100_000
 
 
 def simulate(
-    jobs: int = 200, seed: int = 0, policies: Sequence[str] | None = None
+    jobs: int = 200,
+    seed: int = 0,
+    policies: Sequence[str] | None = None,
+    allreduce_share: float = 0.0,
 ) -> dict[str, Any]:
-    """Every policy (or ``policies``) on one generated trace of ``jobs`` jobs."""
+    """Every policy (or ``policies``) on one generated trace of ``jobs`` jobs;
+    ``allreduce_share`` of its signatures train by all-reduce (ranks, no PS)."""
     from dlrover_core.sim.runner import available_policies
     from dlrover_core.sim.runner import simulate as run_sim
 
@@ -255,6 +259,15 @@ def simulate(
         raise InputError(f"--jobs must be a whole number in 1..{MAX_SIM_JOBS:,}; got {jobs!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise InputError(f"--seed must be a whole number in 0..{2**32 - 1}; got {seed!r}")
+    if (
+        isinstance(allreduce_share, bool)
+        or not isinstance(allreduce_share, (int, float))
+        or not 0.0 <= allreduce_share <= 1.0
+    ):
+        raise InputError(
+            f"--allreduce-share must be a number in 0..1 (the share of all-reduce jobs); "
+            f"got {allreduce_share!r}"
+        )
     if policies is not None:
         names = [str(p).strip() for p in policies]
         known = available_policies()
@@ -269,7 +282,7 @@ def simulate(
                 f"choose from: {', '.join(known)}"
             )
         policies = names
-    return run_sim(jobs, seed, policies)
+    return run_sim(jobs, seed, policies, allreduce_share=float(allreduce_share))
 
 
 def train(

@@ -176,7 +176,14 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from dlrover_core.sim.runner import format_table
 
     policies = [p.strip() for p in a.policies.split(",")] if a.policies is not None else None
-    result = api.simulate(a.jobs, a.seed, policies)
+    try:
+        share = float(a.allreduce_share)
+    except ValueError:
+        raise InputError(
+            f"--allreduce-share must be a number in 0..1 (the share of all-reduce jobs); "
+            f"got {a.allreduce_share!r}"
+        ) from None
+    result = api.simulate(a.jobs, a.seed, policies, allreduce_share=share)
     if a.out:
         _write_json(result, a.out)
     if a.json:
@@ -498,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=int, default=200, help="jobs in the simulated trace")
     s.add_argument("--seed", type=int, default=0, help="the trace's random seed")
     s.add_argument("--policies", help="comma-separated policy names (default: every one available)")
+    s.add_argument(
+        "--allreduce-share",
+        default="0",
+        help="share (0..1) of the trace's jobs trained by all-reduce, ranks and no PS (default 0)",
+    )
     s.add_argument("--out", help="write the results JSON here")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_simulate)

@@ -247,7 +247,10 @@ def format_table(result: dict[str, Any]) -> str:
         f"{'cpu':>5} {'mem':>5} {'scal':>6} {'oom':>5} {'/orc':>5} | "
         f"{'ΔJCT':>6} {'Δcompl':>7} {'Δcpu':>6} {'Δmem':>6}"
     )
-    lines = [f"{result['jobs']} jobs, seed {result['seed']}", head, "-" * len(head)]
+    title = f"{result['jobs']} jobs, seed {result['seed']}"
+    if "allreduce_jobs" in result:
+        title += f", {result['allreduce_jobs']} of them all-reduce"
+    lines = [title, head, "-" * len(head)]
     for name, m in result["policies"].items():
         d = vs_manual(result, name)
         rel = (
