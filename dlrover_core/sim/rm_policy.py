@@ -49,6 +49,7 @@ class _Job:
     samples: list[Sample] = field(default_factory=list)  # this run's, all of them
     last_sample_s: float = float("-inf")
     next_check_s: float | None = None  # the planner's own pacing hint
+    planner_errors: list[str] = field(default_factory=list)  # as the runtime records them
 
 
 PER_CONFIG = 8  # speed samples kept per configuration (the most recent)
@@ -187,6 +188,15 @@ class DLRoverRMPolicy:
             # stage 2 said nothing can change before then without new evidence: only the
             # stage-3 watch (hot, pending, memory-bound nodes) runs in between
             d = st.planner.monitor(current, observations, now_s, st.plans)
+        elif not st.planner.spec.strategy_kind.has_ps:
+            # the runtime's ``JobMaster.call_planner``: a planner error never fails a job, the
+            # plan is kept and the next interval tries again (recorded, as in report.json)
+            try:
+                d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
+            except DLRoverError as e:
+                st.planner_errors.append(f"{now_s:.0f}: {type(e).__name__}: {e.message}")
+                return None
+            st.next_check_s = d.next_check_s
         else:
             d = st.planner.replan(current, observations, st.samples, now_s, st.plans, st.prior)
             st.next_check_s = d.next_check_s
@@ -200,7 +210,10 @@ class DLRoverRMPolicy:
         form its planner chose (the runtime stores the same, ``report["model_choice"]``)."""
         st = self._jobs.get(job.name)
         choice = st.planner.model_choice() if st is not None else None
-        return {"model_choice": choice} if choice is not None else {}
+        out: dict[str, Any] = {"model_choice": choice} if choice is not None else {}
+        if st is not None and st.planner_errors:
+            out["planner_errors"] = len(st.planner_errors)
+        return out
 
     def next_call_s(self, job: JobView, now_s: float) -> float | None:
         """Every sample window while the planner waits for speed samples; when it says
