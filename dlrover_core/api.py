@@ -202,6 +202,9 @@ def plan(
     return out
 
 
+_first_plan = plan  # for functions whose ``plan`` argument (a given plan) shadows this one
+
+
 def fit_model(
     samples: str | Path, out: str | Path | None = None, strategy: str = "ps"
 ) -> dict[str, Any]:
@@ -358,7 +361,7 @@ def run(
         out["plan"] = rp.to_dict() if rp is not None else None
         if here:
             if rp is None:  # the first plan the master would make (stage 1, read-only)
-                out["plan"] = globals()["plan"](js, history=history)
+                out["plan"] = _first_plan(js, history=history)
             where = run_dir or target.run_dir(js)
             return out | master_here_request(js, out["plan"], where, plan_given=rp is not None)
         from dlrover_core.runtime.backends.manifests import submit_objects
