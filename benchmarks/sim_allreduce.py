@@ -64,7 +64,9 @@ def run_one(args: tuple[str, int, int, float]) -> dict[str, Any]:
                 "profiled_s": r.profiled_s,
             }
         )
-    return {"policy": name, "seed": seed, "cpu_s": time.process_time() - t0, "jobs": rows}
+    cpu_s = time.process_time() - t0
+    print(f"  {name}@{seed}: {cpu_s:.0f} CPU s", file=sys.stderr, flush=True)
+    return {"policy": name, "seed": seed, "cpu_s": cpu_s, "jobs": rows}
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1067,7 +1067,8 @@ class Engine:
             return
         if run.x > 0:
             run.last_progress_s = t
-        elif t - run.last_progress_s >= self.cfg.hang_s:
+        elif t >= run.last_progress_s + self.cfg.hang_s:  # as ``_next_event`` schedules it
+            # (``t - last >= hang_s`` can miss by an ulp at that very event: a loop at ``t``)
             self._finish(run, t, False, "hung: no progress")
             return
         if t >= run.next_policy_s:
