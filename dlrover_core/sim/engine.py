@@ -511,6 +511,10 @@ class Engine:
         run.mem_used_ms += mem * dt
         run.hazard += run.n_alloc * self._fail_rate * dt
         run.t_last = t
+        if run.allreduce and run.x > 0:
+            # progress up to t: a job whose next event is an exit is not hung (PS jobs still
+            # mark progress at handled events only, see ``_handle``: their results stay)
+            run.last_progress_s = t
 
     def _next_event(self, run: _Run, t: float) -> float:
         cands = [run.next_policy_s]
