@@ -213,6 +213,11 @@ class DLRoverRMPolicy:
         out: dict[str, Any] = {"model_choice": choice} if choice is not None else {}
         if st is not None and st.planner_errors:
             out["planner_errors"] = len(st.planner_errors)
+        if st is not None and not st.planner.spec.strategy_kind.has_ps:
+            # the master's samples of the whole run (the runtime records them all; the
+            # engine's are the last window only): an all-reduce run's profiled
+            # configurations reach its next run's fit. PS runs keep the engine's (unchanged)
+            out["samples"] = tuple(st.samples)
         return out
 
     def next_call_s(self, job: JobView, now_s: float) -> float | None:
