@@ -508,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--allreduce-share",
         default="0",
-        help="share (0..1) of the trace's jobs trained by all-reduce, ranks and no PS (default 0)",
+        help="share (0..1) of the trace's jobs trained by all-reduce (ranks, no PS)",
     )
     s.add_argument("--out", help="write the results JSON here")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
