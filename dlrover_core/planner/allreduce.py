@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -168,8 +168,8 @@ class ScaleDecision:
     reason: str
     best_world_size: int
     best_cpu_millicores: int
-    predicted_sps: float
-    current_predicted_sps: float
+    predicted_sps: float  # the best configuration's speed, measured-scale (see allreduce_scale)
+    current_predicted_sps: float  # the current one's: its measured speed once there is one
     evaluated: int
 
 
@@ -187,8 +187,16 @@ def allreduce_scale(
     min_gain: float = 0.03,
     max_step: int = 8,
     cpu_levels_millicores: Sequence[int] = _CPU_LEVELS,
+    measured: Mapping[tuple[int, int], float] | None = None,
 ) -> ScaleDecision:
-    """The best (ranks, CPU per rank) on the fitted model, and whether to move there now."""
+    """The best (ranks, CPU per rank) on the fitted model, and whether to move there now.
+
+    Speeds are measured-scale: the model's ratio to the current configuration applied to
+    its measured speed (the model's bias cancels). A configuration this run already measured
+    (``measured``: (ranks, CPU millicores) → mean samples/s; the current one included, else
+    ``current_sps``) is judged by its measurement, not the model: a model refitted on each
+    new configuration otherwise sends the job back to one it left for being slow (8 × 8 CPU
+    → 3 × 0.5 → 8 × 8 … in the simulator)."""
     w_c = spec.constraints.workers
     quota = spec.quota.resources
     cw = current.workers
@@ -215,7 +223,6 @@ def allreduce_scale(
         cost = w * (cores(c) + gib(m) / memory_gib_per_core)
         return math.log(max(x, 1e-12)) - min_elasticity * math.log(max(cost, 1e-12))
 
-    j_cur = objective(x_cur, cw.count, cw.resources.cpu_millicores, cw.resources.memory_mib)
     if not configs:
         return ScaleDecision(
             None,
@@ -227,25 +234,34 @@ def allreduce_scale(
             0,
         )
     arr = np.array([[w, 0, cores(c), 1.0] for w, c, _ in configs], dtype=np.float64)
-    xs = model.predict_many(arr)
-    js = [objective(float(x), w, c, m) for x, (w, c, m) in zip(xs, configs, strict=True)]
+    here = (cw.count, cw.resources.cpu_millicores)
+    seen = dict(measured or {}) if current_sps > 0 else {}
+    # the current configuration by its mean too, when it has one: a latest window against
+    # other configurations' means would move on noise alone (and back)
+    ref = seen.get(here, current_sps) if current_sps > 0 else x_cur
+    xs = [
+        seen.get((w, c), float(x) * ref / max(x_cur, 1e-12))
+        for x, (w, c, _) in zip(model.predict_many(arr), configs, strict=True)
+    ]
+    j_cur = objective(ref, cw.count, cw.resources.cpu_millicores, cw.resources.memory_mib)
+    js = [objective(x, w, c, m) for x, (w, c, m) in zip(xs, configs, strict=True)]
     i = int(np.argmax(js))
     w, c, m = configs[i]
-    x_new = float(xs[i])
+    x_new = xs[i]
+    judged = "measured" if (w, c) in seen else "predicted"
 
     def keep(reason: str) -> ScaleDecision:
-        return ScaleDecision(None, reason, w, c, x_new, x_cur, len(configs))
+        return ScaleDecision(None, reason, w, c, x_new, ref, len(configs))
 
     if (w, c, m) == (cw.count, cw.resources.cpu_millicores, cw.resources.memory_mib):
         return keep("keep: the current configuration is the best on the model")
     gain = math.exp(js[i] - j_cur) - 1.0
     if gain < min_gain:
-        return keep(f"keep: the best configuration gains {gain:.1%} < {min_gain:.0%}")
-    # measured speed scaled by the model's ratio: the model's bias cancels
-    predicted = current_sps * x_new / max(x_cur, 1e-12) if current_sps > 0 else x_new
+        return keep(f"keep: the best configuration gains {gain:.1%} < {min_gain:.0%} ({judged})")
+    predicted = x_new
     ok, why = resize_pays(
         remaining_samples=remaining_samples,
-        current_sps=current_sps if current_sps > 0 else x_cur,
+        current_sps=ref,
         new_sps=predicted,
         current_cores=cores(cw.count * cw.resources.cpu_millicores),
         new_cores=cores(w * c),
@@ -257,10 +273,13 @@ def allreduce_scale(
         w,
         NodeResources(c, m),
         Stage.SCALING,
-        (f"all-reduce: {cw.count}x{cw.resources.cpu_millicores}m -> {w}x{c}m; {why}",),
+        (
+            f"all-reduce: {cw.count}x{cw.resources.cpu_millicores}m -> {w}x{c}m ({judged} "
+            f"{predicted:,.0f} samples/s); {why}",
+        ),
         predicted,
     )
-    return ScaleDecision(plan, why, w, c, predicted, x_cur, len(configs))
+    return ScaleDecision(plan, why, w, c, predicted, ref, len(configs))
 
 
 # --- stage 3 ----------------------------------------------------------------------------------

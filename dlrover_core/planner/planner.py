@@ -354,6 +354,7 @@ class Planner:
             options=options,
             min_elasticity=cfg.min_elasticity,
             memory_gib_per_core=cfg.memory_gib_per_core,
+            measured={(k[0], k[2]): v for k, v in _steady_speeds(samples).items()},
         )
         return PlanDecision(d.plan, (d.reason,), model)
 
@@ -1266,6 +1267,20 @@ def _mean_speeds(samples: Sequence[Sample]) -> dict[scaling.ConfigKey, float]:
     for s in samples:
         speeds.setdefault(scaling.sample_key(s), []).append(s.throughput_sps)
     return {k: sum(v) / len(v) for k, v in speeds.items()}
+
+
+def _steady_speeds(samples: Sequence[Sample]) -> dict[scaling.ConfigKey, float]:
+    """Mean measured throughput of each configuration in ``samples`` (in their order) over its
+    steady windows: the first window after each arrival at a configuration is left out (it
+    holds the change's restart), so a configuration just reached is not judged by it."""
+    steady: list[Sample] = []
+    prev: scaling.ConfigKey | None = None
+    for s in samples:
+        key = scaling.sample_key(s)
+        if key == prev:
+            steady.append(s)
+        prev = key
+    return _mean_speeds(steady)
 
 
 def _mean_tput(samples: Sequence[Sample]) -> float | None:

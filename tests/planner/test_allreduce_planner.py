@@ -113,6 +113,31 @@ def test_stage2_grows_a_long_job_and_keeps_a_nearly_finished_one() -> None:
     assert d2.plan is None and "keep" in d2.reason  # 5 s left: no resize pays
 
 
+def test_stage2_judges_a_configuration_this_run_measured_by_its_measurement() -> None:
+    """The model's best configuration, once measured slow, is not planned again (a model
+    refitted on each new configuration otherwise sends the job back and forth); one
+    measured fast is planned by its measured speed."""
+    spec = ar_spec(quota__cpu=16, quota__memory="64Gi", constraints__workers__max=8)
+    model = fitted()
+    cur = allreduce_plan(1, NodeResources(1000, 2048), Stage.COLD_START)
+    x1 = float(model.predict_many([[1, 0, 1.0, 1.0]])[0])
+    kw: dict[str, Any] = {"remaining_samples": 1e8, "resize_cost": ResizeCost()}
+    first = allreduce_scale(model, spec, cur, current_sps=x1, **kw)
+    best = (first.best_world_size, first.best_cpu_millicores)
+    assert first.plan is not None and "predicted" in first.plan.reasons[0]
+    slow = allreduce_scale(model, spec, cur, current_sps=x1, measured={best: x1 * 0.9}, **kw)
+    assert (slow.best_world_size, slow.best_cpu_millicores) != best
+    # the model's bias cancels: twice the model's speed measured here, twice everywhere
+    twice = allreduce_scale(model, spec, cur, current_sps=2 * x1, **kw)
+    assert twice.predicted_sps == pytest.approx(2 * first.predicted_sps)
+    fast = allreduce_scale(model, spec, cur, current_sps=x1, measured={best: x1 * 50}, **kw)
+    assert fast.plan is not None and fast.predicted_sps == x1 * 50
+    assert "measured" in fast.plan.reasons[0]
+    # the current configuration by its mean, as the others are, not by its latest window
+    same = allreduce_scale(model, spec, cur, current_sps=x1, measured={(1, 1000): 0.9 * x1}, **kw)
+    assert same.current_predicted_sps == 0.9 * x1
+
+
 def test_stage2_never_plans_ranks_that_cannot_hold_the_tables() -> None:
     tables = [{"name": f"t{i}", "num_embeddings": 2_000_000} for i in range(2)]
     spec = ar_spec(
