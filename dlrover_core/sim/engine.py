@@ -620,6 +620,11 @@ class Engine:
             run.scaling_ops += 1
             if run.allreduce:
                 pause = self.cfg.allreduce_pause_s
+                # the group's downtime, as the runtime's all-reduce strategy measures each
+                # resize and tells its planner (``Planner.record_resize``)
+                resized = getattr(self.policy, "on_resize", None)
+                if resized is not None:
+                    resized(run.view, pause)
             else:
                 pause = self.cfg.ps_pause_s if ps_changed else self.cfg.worker_pause_s
             run.paused_until = max(run.paused_until, t + pause)

@@ -231,6 +231,11 @@ class DLRoverRMPolicy:
             return now_s + step
         return min(max(hint, now_s + step), now_s + self.monitor_s)
 
+    def on_resize(self, job: JobView, downtime_s: float) -> None:
+        """An all-reduce resize took ``downtime_s``: the planner prices the next on it, as
+        the runtime's strategy tells it after each resize."""
+        self._job(job).planner.record_resize(downtime_s)
+
     def on_node_exit(
         self,
         job: JobView,

@@ -128,6 +128,13 @@ def test_dlrover_rm_resizes_allreduce_jobs_through_the_planner_stages() -> None:
     assert any(r.profiled_s > 0 for r in ar)
     later = [r for r in ar if r is not first[r.job.signature] and r.start_s > 0]
     assert all(r.profiled_s == 0 for r in later if policy._jobs[r.job.name].prior)
+    # each resize's downtime reaches the planner, which prices the next one on it (the
+    # runtime's strategy does the same): none priced at the prior once one was measured
+    resized = [r for r in ar if r.scaling_ops > 0]
+    for r in resized:
+        cost = policy._jobs[r.job.name].planner.resize_cost
+        assert len(cost.measured_s) == r.scaling_ops
+        assert cost.estimate_s == engine.cfg.allreduce_pause_s
 
 
 def test_dlrover_oss_and_manual_keep_the_users_ranks() -> None:
