@@ -8,9 +8,11 @@ protocol):
   signalled, and the node survives the master's death (master fault tolerance: a new master
   ``adopt``s it by pid). When the leader ends, whatever is left of its group is SIGKILLed: a
   node's end is its leader's end.
-- **CPU.** ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` = ``max(1, round(cores))`` (``spec.env``
-  may override them), and the process is pinned to ``ceil(cores)`` CPUs chosen round-robin
-  over the CPUs this process may use (all of them when ``cores`` covers the machine or is 0).
+- **CPU.** ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` = ``NodeResources.threads`` (whole
+  cores, rounded down, at least 1; ``spec.env`` may override them), ``OMP_WAIT_POLICY`` =
+  ``PASSIVE`` unless this process's environment sets it, and the process is pinned to
+  ``ceil(cores)`` CPUs chosen round-robin over the CPUs this process may use (all of them
+  when ``cores`` covers the machine or is 0).
   The pinning is race-free: the launching thread pins *itself*, forks the child (which inherits
   the mask before it runs a single instruction of its own) and restores its mask. With
   ``cpu_limit="quota"`` (``backend.cpu_limit``) a node gets a CFS quota of ``cores`` instead
