@@ -258,11 +258,10 @@ def allreduce_scale(
     gain = math.exp(js[i] - j_cur) - 1.0
     if gain < min_gain:
         return keep(f"keep: the best configuration gains {gain:.1%} < {min_gain:.0%} ({judged})")
-    predicted = x_new
     ok, why = resize_pays(
         remaining_samples=remaining_samples,
         current_sps=ref,
-        new_sps=predicted,
+        new_sps=x_new,
         current_cores=cores(cw.count * cw.resources.cpu_millicores),
         new_cores=cores(w * c),
         cost_s=resize_cost.estimate_s,
@@ -275,11 +274,11 @@ def allreduce_scale(
         Stage.SCALING,
         (
             f"all-reduce: {cw.count}x{cw.resources.cpu_millicores}m -> {w}x{c}m ({judged} "
-            f"{predicted:,.0f} samples/s); {why}",
+            f"{x_new:,.0f} samples/s); {why}",
         ),
-        predicted,
+        x_new,
     )
-    return ScaleDecision(plan, why, w, c, predicted, ref, len(configs))
+    return ScaleDecision(plan, why, w, c, x_new, ref, len(configs))
 
 
 # --- stage 3 ----------------------------------------------------------------------------------

@@ -264,6 +264,24 @@ class Planner:
         """An all-reduce resize of this run took ``downtime_s``: later ones are priced on it."""
         self.resize_cost = self.resize_cost.record(downtime_s)
 
+    def trial_plans(self, base: ResourcePlan, n: int) -> list[ResourcePlan]:
+        """``base`` and the sampling moves from it, distinct and inside the bounds and the
+        quota, ``n`` in all at most: the trials of a profile step (one input at a time)."""
+        plans = [base]
+        seen = {scaling.plan_key(base)}
+        for w, p, what in scaling.sampling_candidates(base, self.bounds, self.config, ()):
+            if self.bounds.over_quota(w, p):  # a trial squeezed into the quota: not this move
+                continue
+            w2, p2, _ = self.bounds.fit(w, p)
+            cand = base.replace(workers=w2, ps=p2, stage=Stage.SAMPLING, reasons=(what,))
+            if scaling.plan_key(cand) in seen:
+                continue
+            seen.add(scaling.plan_key(cand))
+            plans.append(cand)
+            if len(plans) >= n:
+                break
+        return plans
+
     def history_samples(self, history: Sequence[HistoryRecord], now_s: float = 0.0) -> list[Sample]:
         """Speed samples that similar past runs recorded (``extra["samples"]``)."""
         return _samples_of(similar_runs(self.spec, history, now_s, self.config.history_window_s))

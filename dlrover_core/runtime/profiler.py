@@ -12,10 +12,9 @@ from typing import Any
 
 from dlrover_core.errors import InputError
 from dlrover_core.planner import Planner, PlannerConfig
-from dlrover_core.planner.scaling import plan_key, sampling_candidates
 from dlrover_core.runtime.cgroup import MASTER_SHARE, CgroupLimits, describe
 from dlrover_core.spec import JobSpec, load_spec, spec_to_dict
-from dlrover_core.types import NodeResources, ResourcePlan, Sample, Stage
+from dlrover_core.types import NodeResources, ResourcePlan, Sample
 
 log = logging.getLogger("dlrover_rm.profile")
 
@@ -86,21 +85,7 @@ def profile_configs(spec: JobSpec, n: int = 6) -> list[ResourcePlan]:
     and inside the quota: short trials from the smallest configuration up, spread over the
     inputs, whatever first configuration the job itself would start from."""
     planner = Planner(spec, PlannerConfig.from_spec(spec, cold_start="dlrover"))
-    base = planner.initial_plan()
-    plans = [base]
-    seen = {plan_key(base)}
-    for w, p, what in sampling_candidates(base, planner.bounds, planner.config, ()):
-        if planner.bounds.over_quota(w, p):  # a trial squeezed into the quota: not this move
-            continue
-        w2, p2, _ = planner.bounds.fit(w, p)
-        cand = base.replace(workers=w2, ps=p2, stage=Stage.SAMPLING, reasons=(what,))
-        if plan_key(cand) in seen:
-            continue
-        seen.add(plan_key(cand))
-        plans.append(cand)
-        if len(plans) >= n:
-            break
-    return plans
+    return planner.trial_plans(planner.initial_plan(), n)
 
 
 def run_trial(

@@ -656,19 +656,26 @@ class OptimusPolicy(FixedInterval):
                     p2 += 1
             if (w2, p2) == (w, p):
                 return None
+        return self._move(job, current, w2, p2, theta is not None, now_s)
+
+    @staticmethod
+    def _move(
+        job: JobView, current: ResourcePlan, w2: int, p2: int, fitted: bool, now_s: float
+    ) -> ResourcePlan | None:
+        """``current`` at ``w2`` workers (ranks) and ``p2`` PS, their sizes kept, fitted to
+        the quota; None when the quota leaves both counts as they are."""
         plan = replace(
             current,
             workers=RolePlan(w2, current.workers.resources),
             ps=RolePlan(p2, current.ps.resources),
             overrides=(),
-            stage=Stage.SCALING if theta is not None else Stage.SAMPLING,
-            reasons=("optimus: greedy marginal gain" if theta is not None else "optimus: explore",),
+            stage=Stage.SCALING if fitted else Stage.SAMPLING,
+            reasons=("optimus: greedy marginal gain" if fitted else "optimus: explore",),
             created_at_s=now_s,
         )
-        fitted = _fit_quota(plan, job.quota)
-        if (fitted.workers.count, fitted.ps.count) == (w, p):
-            return None
-        return fitted
+        out = _fit_quota(plan, job.quota)
+        same = (out.workers.count, out.ps.count) == (current.workers.count, current.ps.count)
+        return None if same else out
 
     def _replan_ranks(
         self, job: JobView, current: ResourcePlan, samples: Sequence[Sample], now_s: float
@@ -711,16 +718,7 @@ class OptimusPolicy(FixedInterval):
                 w2 += dw
         if w2 == w:
             return None
-        plan = replace(
-            current,
-            workers=RolePlan(w2, current.workers.resources),
-            overrides=(),
-            stage=Stage.SCALING if theta is not None else Stage.SAMPLING,
-            reasons=("optimus: greedy marginal gain" if theta is not None else "optimus: explore",),
-            created_at_s=now_s,
-        )
-        fitted = _fit_quota(plan, job.quota)
-        return None if fitted.workers.count == w else fitted
+        return self._move(job, current, w2, current.ps.count, theta is not None, now_s)
 
     def on_node_exit(
         self,

@@ -26,7 +26,6 @@ from dlrover_core.faults import (
 from dlrover_core.model.selection import ModelChoice
 from dlrover_core.model.throughput import ThroughputModel
 from dlrover_core.planner import Planner, PlannerConfig
-from dlrover_core.planner.scaling import plan_key, sampling_candidates
 from dlrover_core.sim.policies import JobView, RelaunchDecision
 from dlrover_core.sim.spec_bridge import job_view_to_spec
 from dlrover_core.types import (
@@ -147,21 +146,7 @@ class DLRoverRMPolicy:
         st = self._job(job)
         if st.planner.spec.strategy_kind.has_ps or st.prior:
             return []
-        planner = st.planner
-        trials = [plan]
-        seen = {plan_key(plan)}
-        for w, p, what in sampling_candidates(plan, planner.bounds, planner.config, ()):
-            if planner.bounds.over_quota(w, p):
-                continue
-            w2, p2, _ = planner.bounds.fit(w, p)
-            cand = plan.replace(workers=w2, ps=p2, stage=Stage.SAMPLING, reasons=(what,))
-            if plan_key(cand) in seen:
-                continue
-            seen.add(plan_key(cand))
-            trials.append(cand)
-            if len(trials) >= PROFILE_TRIALS:
-                break
-        return trials
+        return st.planner.trial_plans(plan, PROFILE_TRIALS)
 
     def replan(
         self,
