@@ -166,9 +166,8 @@ def read_similar(
 
 def _all_records(store: Any) -> list[HistoryRecord]:
     """Every successful run in the store, for callers that give no spec to filter by."""
-    sigs = {r["signature"] for r in store.runs(limit=1000) if r["succeeded"]}
     now = time.time()
-    return [r for s in sorted(sigs) for r in store.similar(s, now, now)]
+    return [r for s in store.signatures() for r in store.similar(s, now, now)]
 
 
 def plan(

@@ -115,7 +115,7 @@ class DLRoverHook(BaseHook):
                 from dlrover_core.history.store import HistoryStore
 
                 with HistoryStore(url) as store:
-                    n = len(store.runs(limit=1000))
+                    n = store.count()
         except DLRoverError as e:
             return False, str(e)
         return True, f"history store {redact_url(url)} reachable: {n} run(s)"

@@ -361,10 +361,13 @@ class HistoryStore:
             out.append(rec)
         return out
 
-    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        """The latest runs, newest first, as JSON-able summaries."""
+    def runs(self, limit: int = 50, signature: str | None = None) -> list[dict[str, Any]]:
+        """The latest runs (of ``signature`` when given), newest first, as JSON-able
+        summaries."""
         t = runs_table
         q = sa.select(t).order_by(t.c.finished_at_s.desc(), t.c.id.desc()).limit(int(limit))
+        if signature is not None:
+            q = q.where(t.c.signature == signature)
         out = []
         for r in self._read(q):
             m = r.metrics or {}
@@ -389,6 +392,16 @@ class HistoryStore:
                 }
             )
         return out
+
+    def count(self) -> int:
+        """How many runs the store holds, every state."""
+        return int(self._read(sa.select(sa.func.count()).select_from(runs_table))[0][0])
+
+    def signatures(self) -> list[str]:
+        """Every signature with at least one successful run, sorted."""
+        t = runs_table
+        q = sa.select(t.c.signature).where(t.c.succeeded.is_(True)).distinct()
+        return sorted(r[0] for r in self._read(q))
 
     def _read(self, q: sa.Select[Any]) -> list[sa.Row[Any]]:
         engine = self._engine_or_raise()

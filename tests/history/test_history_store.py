@@ -104,7 +104,8 @@ def test_round_trip_gives_the_run_back_with_its_samples(store: HistoryStore) -> 
     assert all(isinstance(s, Sample) for s in r.extra["samples"])
     assert r.worker_cpu_used_millicores == 950 and r.ps_memory_used_mib == 2100
     assert r.throughput_sps == pytest.approx(1234.5) and r.wall_s == pytest.approx(60.0)
-    summary = next(x for x in store.runs() if x["id"] == run_id)
+    (summary,) = store.runs(signature=sig)
+    assert summary["id"] == run_id
     assert summary["signature"] == sig and summary["job"] == "job-a"
     assert summary["started_at_s"] == pytest.approx(NOW - 160)
     assert summary["samples"] == 2 and summary["plans"] == 1 and summary["faults"] == 1
@@ -143,8 +144,22 @@ def test_failed_runs_are_recorded_but_not_similar(store: HistoryStore) -> None:
     ok = _record(store, sig, NOW - 20)
     bad = _record(store, sig, NOW - 10, state="failed")
     assert [r.extra["run_id"] for r in store.similar(sig, NOW, 1000)] == [ok]
-    states = {x["id"]: x["state"] for x in store.runs(limit=1000)}
+    states = {x["id"]: x["state"] for x in store.runs(signature=sig)}
     assert states[bad] == "failed"
+
+
+def test_counts_and_signatures_see_past_the_latest_page(store: HistoryStore) -> None:
+    """A store that outgrows ``runs()``'s page (a shared database, years of runs) still counts
+    every run and lists every signature that succeeded: the "all records" read and the
+    Airflow hook's health check do not stop at the newest 50 or 1000."""
+    sig, failed_only = _sig(), _sig()
+    before = store.count()
+    _record(store, sig, NOW - 10**6)  # far older than anything else in the store
+    _record(store, failed_only, NOW - 10**6, state="failed")
+    assert store.count() == before + 2
+    sigs = store.signatures()
+    assert sig in sigs and failed_only not in sigs and sigs == sorted(set(sigs))
+    assert len(store.runs(signature=sig, limit=1)) == 1
 
 
 def test_load_history_filters_by_spec(store_url: str) -> None:
