@@ -149,18 +149,21 @@ def make_obs(
     samples_done: int = 0,
     samples_total: int = 10_000_000,
     distinct_ids: int | None = None,
+    since_s: float = -86_400.0,
 ) -> Observation:
     """A running job: one PS per entry of ``ps_util`` (CPU utilisation), one worker per entry
-    of ``worker_speeds`` (samples/s); job throughput defaults to the workers' sum."""
+    of ``worker_speeds`` (samples/s); job throughput defaults to the workers' sum. Its nodes
+    run since ``since_s`` (default: long settled, past any start-up allowance)."""
     ps_u = list(ps_util)
     mem_u = list(ps_mem_util) if ps_mem_util is not None else [0.25] * len(ps_u)
     speeds = list(worker_speeds)
     nodes = [
-        node(Role.PS, i, cpu=ps_cpu, mem=ps_mem, cpu_util=u, mem_util=m)
+        node(Role.PS, i, cpu=ps_cpu, mem=ps_mem, cpu_util=u, mem_util=m, since_s=since_s)
         for i, (u, m) in enumerate(zip(ps_u, mem_u, strict=True))
     ]
     nodes += [
-        node(Role.WORKER, i, cpu=worker_cpu, mem=worker_mem, speed=s) for i, s in enumerate(speeds)
+        node(Role.WORKER, i, cpu=worker_cpu, mem=worker_mem, speed=s, since_s=since_s)
+        for i, s in enumerate(speeds)
     ]
     nodes += list(extra)
     return Observation(

@@ -50,15 +50,23 @@ class ObservedMemory:
     ps_used_mib: tuple[int, ...]  # running PS, in node order
     worker_used_max_mib: int | None  # running workers' largest use (None: no worker running)
     worker_used_min_mib: int | None
+    # every running PS had run ``settle_s`` (see ``of``): its memory is its rows', not a
+    # checkpoint restore's half-way mark; only such observations fit the growth
+    ps_settled: bool = True
 
     @classmethod
-    def of(cls, o: Observation) -> ObservedMemory:
+    def of(cls, o: Observation, settle_s: float = 0.0) -> ObservedMemory:
+        """``settle_s``: a PS (re)started less than this before ``o`` is still starting (a
+        resumed or relaunched PS restores its checkpoint: memory and IDs climb to where they
+        were, which is not growth)."""
         ps: list[int] = []
         w: list[int] = []
+        settled = True
         for n in o.nodes:
             if n.state is NodeState.RUNNING:
                 if n.role is Role.PS:
                     ps.append(n.memory_used_mib)
+                    settled = settled and o.time_s - n.state_since_s >= settle_s
                 elif n.role is Role.WORKER:
                     w.append(n.memory_used_mib)
         return cls(
@@ -68,13 +76,16 @@ class ObservedMemory:
             tuple(ps),
             max(w) if w else None,
             min(w) if w else None,
+            settled,
         )
 
 
 def _summaries(
-    observations: Sequence[Observation] | Sequence[ObservedMemory],
+    observations: Sequence[Observation] | Sequence[ObservedMemory], settle_s: float = 0.0
 ) -> list[ObservedMemory]:
-    return [o if isinstance(o, ObservedMemory) else ObservedMemory.of(o) for o in observations]
+    return [
+        o if isinstance(o, ObservedMemory) else ObservedMemory.of(o, settle_s) for o in observations
+    ]
 
 
 def id_growth_from(
@@ -82,8 +93,13 @@ def id_growth_from(
 ) -> IdGrowthModel | None:
     ns: list[float] = []
     us: list[float] = []
-    for o in observations:
-        if o.distinct_ids is not None and o.samples_done > 0 and o.distinct_ids > 0:
+    for o in _summaries(observations):
+        if (
+            o.distinct_ids is not None
+            and o.samples_done > 0
+            and o.distinct_ids > 0
+            and o.ps_settled
+        ):
             ns.append(float(o.samples_done))
             us.append(float(o.distinct_ids))
     if len(set(ns)) < IdGrowthModel.min_points:
@@ -124,22 +140,27 @@ class PSMemoryFit:
 def _ps_nodes_over_time(
     observations: Sequence[ObservedMemory],
 ) -> list[tuple[float, tuple[int, ...]]]:
-    """(distinct IDs, per-PS memory used) of observations with the latest PS count."""
-    if not observations:
+    """(distinct IDs, per-PS memory used) of the settled observations with the latest
+    settled PS count."""
+    settled = [o for o in observations if o.ps_settled]
+    if not settled:
         return []
-    p_now = len(observations[-1].ps_used_mib)
+    p_now = len(settled[-1].ps_used_mib)
     return [
         (float(o.distinct_ids), o.ps_used_mib)
-        for o in observations
+        for o in settled
         if o.distinct_ids is not None and len(o.ps_used_mib) == p_now and p_now > 0
     ]
 
 
 def fit_ps_memory(
-    spec: JobSpec, observations: Sequence[Observation] | Sequence[ObservedMemory] = ()
+    spec: JobSpec,
+    observations: Sequence[Observation] | Sequence[ObservedMemory] = (),
+    settle_s: float = 0.0,
 ) -> PSMemoryFit:
-    """``observations`` may be given as their :class:`ObservedMemory` summaries."""
-    observations = _summaries(observations)
+    """``observations`` may be given as their :class:`ObservedMemory` summaries (then
+    ``settle_s`` is theirs, see :meth:`ObservedMemory.of`)."""
+    observations = _summaries(observations, settle_s)
     model = ps_memory_model(spec)
     growth = id_growth_from(observations)
     total = observations[-1].samples_total if observations else 0

@@ -124,7 +124,7 @@ class Planner:
         for o in observations:
             hit = old.get(id(o))
             if hit is None or hit[0] is not o:
-                hit = (o, ObservedMemory.of(o))
+                hit = (o, ObservedMemory.of(o, self.config.worker_stable_s))
             new[id(o)] = hit
             out.append(hit[1])
         self._summary = new

@@ -38,6 +38,22 @@ def _recent(observations: Sequence[Observation], since_s: float, k: int) -> list
     return fresh[-k:] if len(fresh) >= k else []
 
 
+def _steady(
+    cfg: PlannerConfig, observations: Sequence[Observation], since_s: float
+) -> list[Observation]:
+    """The last ``hot_window`` observations after ``since_s`` when every running node in
+    them had run ``worker_stable_s`` (else none): a node's first seconds are its start-up's
+    (imports, a checkpoint restore, an empty input pipeline), not its load, and its peers'
+    load waits on it. Without this a PS relaunched by a memory raise read as hot while it
+    restored its checkpoint, so one resumed run made three plans."""
+    window = _recent(observations, since_s, cfg.hot_window)
+    settle, running = cfg.worker_stable_s, NodeState.RUNNING
+    for o in window:
+        if any(o.time_s - n.state_since_s < settle for n in o.nodes if n.state is running):
+            return []
+    return window
+
+
 def _persistent(window: Sequence[Observation], role: Role, pred: object) -> list[int]:
     """Node ids of ``role`` for which ``pred(node)`` holds in every observation of the window."""
     ids: set[int] | None = None
@@ -295,7 +311,7 @@ def _ps_memory(
     if ps.count == 0 or not observations:
         return None
     last = observations[-1]
-    fit = fit or fit_ps_memory(spec, observations)
+    fit = fit or fit_ps_memory(spec, observations, cfg.worker_stable_s)
     if _grows(fit, last):
         limit = _ps_limit(current)
         peak = fit.per_ps_mib(ps.count)
@@ -377,7 +393,7 @@ def _hot_ps(
 ) -> ResourcePlan | None:
     if current.ps.count == 0 or bounds.ps.pinned_cpu_millicores is not None:
         return None
-    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    window = _steady(cfg, observations, current.created_at_s)
     if not window:
         return None
     hot = _persistent(window, Role.PS, lambda n: n.cpu_util >= cfg.hot_ps_cpu_util)
@@ -427,7 +443,7 @@ def _stragglers(
     now_s: float,
     memo: StragglerMemo | None = None,
 ) -> ResourcePlan | None:
-    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    window = _steady(cfg, observations, current.created_at_s)
     if not window:
         return None
     slow: set[int] | None = None
@@ -519,7 +535,7 @@ def _idle_ps(
     ps = current.ps
     if ps.count == 0 or bounds.ps.pinned_cpu_millicores is not None:
         return None
-    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    window = _steady(cfg, observations, current.created_at_s)
     if not window:
         return None
     last = window[-1]
@@ -597,7 +613,7 @@ def _idle_workers(
     w = current.workers
     if w.count == 0 or bounds.workers.pinned_cpu_millicores is not None:
         return None
-    window = _recent(observations, current.created_at_s, cfg.hot_window)
+    window = _steady(cfg, observations, current.created_at_s)
     remaining_s = _idle_left_s(cfg, window[-1]) if window else None
     if remaining_s is None:
         return None

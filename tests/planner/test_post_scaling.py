@@ -660,3 +660,50 @@ def test_no_second_drop_before_a_full_timeout_under_the_new_plan() -> None:
     assert run(dropped.replace(action=PENDING_DROP), obs, now_s=1101.0) is None
     later = run(dropped.replace(action=PENDING_DROP), obs, now_s=1950.0)
     assert later is not None and later.workers.count == 1
+
+
+# --- a node's start-up is not its load (worker_stable_s, 5 s here) ---------------------------
+
+
+@pytest.mark.parametrize(("since_s", "acts"), [(T0 + 27, False), (T0 + 5, True)])
+@pytest.mark.parametrize("rule", ["hot_ps", "idle_ps", "straggler"])
+def test_nodes_in_their_first_seconds_are_not_judged(rule: str, since_s: float, acts: bool) -> None:
+    """Observations at T0+10, 20, 30 of nodes (re)started at ``since_s``: started at T0+27,
+    the last is 3 s into their start-up (a relaunched PS restoring its checkpoint burns its
+    CPU; a resumed job's first windows idle; a new worker is slow), and none of it is judged;
+    started at T0+5, every one is past the 5 s allowance and the rule acts."""
+    if rule == "hot_ps":
+        current, obs = TWO_PS, three(ps_util=[0.95, 0.5], ps_cpu=2000, ps_mem=4096, since_s=since_s)
+    elif rule == "idle_ps":
+        current = IDLE
+        obs = three(ps_util=[0.25, 0.2], ps_cpu=8000, ps_mem=4096, worker_speeds=[100, 100],
+                    since_s=since_s)  # fmt: skip
+    else:
+        current = make_plan((3, 2000, 4096), (2, 2000, 4096), created_at_s=T0)
+        obs = three(ps_util=[0.5, 0.5], ps_cpu=2000, ps_mem=4096, worker_speeds=[100, 100, 10],
+                    since_s=since_s)  # fmt: skip
+    plan = run(current, obs)
+    assert (plan is not None and plan.action == rule) is acts, plan
+
+
+def test_a_restoring_ps_is_not_fitted_as_growth() -> None:
+    """A resumed PS climbs back to its checkpoint's memory within seconds while the IDs it
+    reports barely move: read as growth, that slope predicted an OOM that never came (and a
+    raise, and a restart). With the start-up allowance only settled observations are fitted:
+    here too few, so the spec's formula holds, calibrated to the settled use."""
+    s = make_spec(quota=BIG)
+    mems = [600, 1200, 1800, 2000, 2000]  # restoring for 5 s, then flat
+    obs = [
+        make_obs(
+            T0 + t, ps_util=[0.5], ps_mem_util=[m / 4096], ps_cpu=2000, ps_mem=4096,
+            samples_done=10**6 + 1000 * t, samples_total=10**8, distinct_ids=100_000 + 10 * t,
+            since_s=T0,
+        )
+        for t, m in zip([1, 2, 3, 6, 7], mems, strict=True)
+    ]  # fmt: skip
+    naive = fit_ps_memory(s, obs)
+    assert "fitted" in naive.source and naive.mib_per_row > 1.0  # MiB per row: absurd
+    settled = fit_ps_memory(s, obs, settle_s=5.0)
+    assert "fitted" not in settled.source
+    assert settled.mib_per_row < 0.001  # the spec's 176 B per row
+    assert settled.per_ps_mib(1) == pytest.approx(2000, rel=0.05)

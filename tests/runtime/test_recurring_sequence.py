@@ -172,7 +172,8 @@ def test_six_days_on_one_history(tmp_path: Path, store: str) -> None:
     reports = [r1, r2, r3, r4, r5, r6]
     # from day 2 on, at most 2 plans a run (a warm start needs no exploring)
     plans = [len(r["plans"]) for r in reports]
-    assert all(n <= 2 for n in plans[1:]), plans
+    why = [[(p["stage"], p["reasons"][:2]) for p in r["plans"]] for r in reports]
+    assert all(n <= 2 for n in plans[1:]), (plans, why)
     # every day recorded once, in order; the lineage counts the rows of the whole chain
     ids = [r["history_run_id"] for r in reports]
     assert None not in ids and len(set(ids)) == 6
