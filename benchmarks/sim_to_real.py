@@ -3,6 +3,7 @@ planner's fitted model predicts for them and what the simulator gives for the sa
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/sim_to_real.py [--strategies ps,allreduce]
         [--rows 1000000] [--ar-rows 600000] [--runs 2] [--json benchmarks/results/sim_to_real.json]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/sim_to_real.py --rescore FILE   # no job runs
 
 Every configuration is one whole job (``small.yaml``, ``small-allreduce.yaml``), run by the job
 master with a fixed plan (no re-planning) on the local backend with **real CPU limits**:
@@ -155,7 +156,7 @@ def repeat_error(groups: Iterable[Sequence[Run]]) -> float:
     return statistics.fmean(errs) if errs else math.nan
 
 
-def _sample(strategy: str, run: Run, batch: int) -> Any:
+def _sample(strategy: str, run: Run, batch: int, throughput: float | None = None) -> Any:
     from dlrover_core.types import Sample
 
     w, wc, p, pc = nodes(run.config)
@@ -164,9 +165,23 @@ def _sample(strategy: str, run: Run, batch: int) -> Any:
         ps=p,
         worker_cpu_cores=wc,
         ps_cpu_cores=pc,
-        throughput_sps=run.throughput,
+        throughput_sps=run.throughput if throughput is None else throughput,
         batch_size=batch,
     )
+
+
+def stored_runs(d: dict[str, Any], strategy: str, batch: int) -> list[Run]:
+    """The pooled runs of a ``--json`` file, each with its speed samples when the file kept
+    them (``samples_sps``; older files: one sample at the median)."""
+    out = []
+    for r in d[strategy]["runs"]:
+        run = Run(
+            tuple(r["config"]), d[strategy]["rows"], r["throughput_sps"], r["jct_s"],
+            r["state"], r["windows"],
+        )  # fmt: skip
+        run.samples = [_sample(strategy, run, batch, x) for x in r.get("samples_sps", [])]
+        out.append(run)
+    return out
 
 
 def model_prediction(strategy: str, train: Sequence[Run], held: Run, batch: int) -> float:
@@ -296,6 +311,27 @@ def _summary(rows: Sequence[dict[str, Any]], key: str) -> dict[str, float]:
     }
 
 
+def rescore(path: Path, strategies: Sequence[str]) -> int:
+    from dlrover_core.spec import load_spec
+
+    d = json.loads(path.read_text())
+    for strategy in strategies:
+        batch = load_spec(str(SPECS[strategy])).training.batch_size
+        runs = [r for r in stored_runs(d, strategy, batch) if r.state == "succeeded"]
+        table = leave_one_out(strategy, runs, batch)
+        m, s = _summary(table, "model_error"), _summary(table, "sim_jct_error")
+        for t in table:
+            print(f"{strategy} {tuple(t['config'])!s:>22} model {t['model_error']:>+7.1%} "
+                  f"sim JCT {t['sim_jct_error']:>+7.1%}")  # fmt: skip
+        was_m, was_s = d[strategy]["model"]["mean_abs"], d[strategy]["sim_jct"]["mean_abs"]
+        print(
+            f"{strategy}: model mean |err| {m['mean_abs']:.1%} (stored: {was_m:.1%}), worst "
+            f"{m['max_abs']:.1%}; simulator JCT mean |err| {s['mean_abs']:.1%} (stored: "
+            f"{was_s:.1%}); runs without samples_sps are scored on their median alone"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategies", default="ps,allreduce")
@@ -303,8 +339,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ar-rows", type=int, default=600_000, help="rows of each all-reduce job")
     ap.add_argument("--runs", type=int, default=2, help="runs of each configuration")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--rescore",
+        type=Path,
+        help="score the model and the simulator again on the runs a --json file kept (no job "
+        "runs: a model change judged on the same measurements)",
+    )
     a = ap.parse_args(argv)
     from dlrover_core.spec import load_spec
+
+    if a.rescore:
+        return rescore(a.rescore, a.strategies.split(","))
 
     out: dict[str, Any] = {"cpu_limit": "quota (CFS)", "machine_cores": 2}
     with tempfile.TemporaryDirectory(prefix="sim-to-real-") as tmp:
@@ -349,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                         "jct_s": r.jct_s,
                         "state": r.state,
                         "windows": r.windows,
+                        "samples_sps": [round(x.throughput_sps, 1) for x in r.samples],
                     }
                     for r in runs
                 ],
