@@ -341,8 +341,8 @@ class HistoryStore:
 
     def recent(self, now_s: float, window_s: float, limit: int = 500) -> list[HistoryRecord]:
         """Successful runs of every signature that finished in ``[now_s - window_s, now_s]``,
-        the newest ``limit``, each with the spec it ran (``extra["spec"]``): what a new
-        signature's similar-job prior learns from (planner/similar.py)."""
+        the newest ``limit``: what a new signature's similar-job prior learns from
+        (planner/similar.py). Every record read carries the spec it ran (``extra["spec"]``)."""
         t = runs_table
         q = (
             sa.select(t)
@@ -354,12 +354,7 @@ class HistoryStore:
             .order_by(t.c.finished_at_s.desc(), t.c.id.desc())
             .limit(int(limit))
         )
-        out = []
-        for r in self._read(q):
-            rec = self._record(r)
-            rec.extra["spec"] = dict(r.spec or {})
-            out.append(rec)
-        return out
+        return [self._record(r) for r in self._read(q)]
 
     def runs(self, limit: int = 50, signature: str | None = None) -> list[dict[str, Any]]:
         """The latest runs (of ``signature`` when given), newest first, as JSON-able
@@ -419,6 +414,7 @@ class HistoryStore:
             "run_id": int(r.id),
             "job": r.job,
             "auc": r.auc,
+            "spec": dict(r.spec or {}),  # what it ran: its data and tables (warm_start)
         }
         if (r.metrics or {}).get("model"):
             extra["model"] = str(r.metrics["model"])

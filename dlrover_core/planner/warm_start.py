@@ -10,7 +10,14 @@ from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import ps_memory_per_node_mib, worker_memory_mib
 from dlrover_core.planner.scaling import plan_key, samples_at
-from dlrover_core.planner.similar import SimilarConfig, SimilarJobs, memory_ratio, similar_jobs
+from dlrover_core.planner.similar import (
+    SimilarConfig,
+    SimilarJobs,
+    job_features,
+    memory_ratio,
+    record_features,
+    similar_jobs,
+)
 from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     HistoryRecord,
@@ -237,6 +244,37 @@ def similar_start(
     return plan.replace(workers=workers, ps=ps, reasons=tuple(reasons))
 
 
+def grown_ps_memory(
+    spec: JobSpec, plan: ResourcePlan, runs: Sequence[HistoryRecord], cfg: PlannerConfig
+) -> ResourcePlan:
+    """A warm start sizes PS memory from what the runs it starts from used. A run that
+    expects more embedding rows than they held (more data, a bigger table: a recurring
+    retrain whose days grow) gets the difference on top: the spec's memory model at the end
+    of training (``JobFeatures.ps_memory_mib``, one PS holding every row) for this spec,
+    less the same for theirs (median over the runs that carry their spec), shared by the
+    PS, × ``warm_memory_margin``. Stage 3 would raise it mid-run otherwise, a PS restart.
+    Never less than the runs used; runs without a spec leave the plan as it is."""
+    if not plan.ps.count:
+        return plan
+    target = job_features(spec).ps_memory_mib
+    theirs = [f.ps_memory_mib for f in map(record_features, runs) if f is not None]
+    if target <= 0 or not theirs:
+        return plan
+    grow = target - statistics.median(theirs)
+    add = grow / plan.ps.count * cfg.warm_memory_margin
+    if add < 1.0:
+        return plan
+    res = plan.ps.resources
+    ps = RolePlan(plan.ps.count, NodeResources(res.cpu_millicores, ceil_mib(res.memory_mib + add)))
+    workers, ps, notes = JobBounds.from_spec(spec).fit(plan.workers, ps)
+    why = (
+        f"PS memory +{add:,.0f} MiB each: this run's data and tables end with {grow:,.0f} MiB "
+        "more embedding rows than the runs it starts from (the spec's memory model)"
+    )
+    reasons = [*plan.reasons, why, *(n for n in notes if n not in plan.reasons)]
+    return plan.replace(workers=workers, ps=ps, reasons=tuple(reasons))
+
+
 def stage_one(
     spec: JobSpec,
     history: Sequence[HistoryRecord],
@@ -249,7 +287,7 @@ def stage_one(
     cold start, saying why no similar job served."""
     runs = similar_runs(spec, history, now_s, cfg.history_window_s)
     if runs:
-        return warm_start(spec, runs, cfg, now_s), runs
+        return grown_ps_memory(spec, warm_start(spec, runs, cfg, now_s), runs, cfg), runs
     found = (
         similar_jobs(spec, history, now_s, cfg.history_window_s, similar)
         if similar is not None

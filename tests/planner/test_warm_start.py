@@ -252,6 +252,46 @@ def test_warm_start_from_three_runs_by_hand() -> None:
     assert "3 similar run(s)" in plan.reasons[0]
 
 
+@pytest.mark.parametrize(
+    ("their_rows", "grows"),
+    [
+        (10**7, True),  # they trained a tenth of the data: fewer distinct IDs, fewer rows
+        (10**8, False),  # the same data: nothing to add
+        (10**9, False),  # more data than this run: never less than they used
+        (None, False),  # no spec kept with the runs (an old store, a JSON seed)
+    ],
+)
+def test_a_warm_start_adds_the_ps_memory_of_the_rows_its_data_grows(
+    their_rows: int | None, grows: bool
+) -> None:
+    """A recurring retrain whose day holds more data than the days it starts from: the
+    dynamic tables end with more rows, so the PS memory those runs used is not enough and
+    stage 3 would raise it mid-run (a PS restart). The warm start adds the difference of the
+    spec's memory model (one PS holding every row, this spec's rows less theirs), shared by
+    the PS, × 1.2. THREE_RUNS' PS memory is 6144 MiB each (see the test above)."""
+    from dlrover_core.planner.similar import job_features
+    from dlrover_core.spec import spec_to_dict
+
+    tables = BIG_TABLES["model__embedding_tables"]
+    spec = make_spec(quota=WARM_QUOTA, data__rows=10**8, model__embedding_tables=tables)
+    runs = THREE_RUNS
+    if their_rows is not None:
+        theirs = make_spec(quota=WARM_QUOTA, data__rows=their_rows, model__embedding_tables=tables)
+        extra = {"spec": spec_to_dict(theirs)}
+        runs = [dataclasses.replace(r, extra=extra) for r in THREE_RUNS]
+        grow = job_features(spec).ps_memory_mib - job_features(theirs).ps_memory_mib
+    plan = Planner(spec).initial_plan(runs, now_s=DAY)
+    assert plan.stage is Stage.WARM_START and plan.ps.count == 2
+    if not grows:
+        assert plan.ps.resources.memory_mib == 6144
+        assert not any("PS memory +" in r for r in plan.reasons)
+        return
+    assert grow > 100  # 10^8 samples at new_id_rate 0.01: ~1.8·10^6 more rows a table
+    want = 6144 + grow / 2 * 1.2
+    assert want <= plan.ps.resources.memory_mib < want + 64  # rounded up to 64 MiB
+    assert any("PS memory +" in r and "more embedding rows" in r for r in plan.reasons)
+
+
 def test_warm_start_sizes_worker_cpu_from_the_final_configurations_samples() -> None:
     """The peaks span every configuration a run held (a 16-CPU cold start uses more than
     the 4-CPU workers it ended with): where a run's samples measured its final
