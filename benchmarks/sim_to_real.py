@@ -184,7 +184,13 @@ def stored_runs(d: dict[str, Any], strategy: str, batch: int) -> list[Run]:
     return out
 
 
-def model_prediction(strategy: str, train: Sequence[Run], held: Run, batch: int) -> float:
+def model_prediction(
+    strategy: str,
+    train: Sequence[Run],
+    held: Run,
+    batch: int,
+    params: dict[str, float] | None = None,
+) -> float:
     """The planner's model, fitted on ``train``'s speed samples (every steady window, as the
     planner sees them), predicts ``held``'s throughput."""
     from dlrover_core.model.selection import ModelChoice
@@ -193,7 +199,7 @@ def model_prediction(strategy: str, train: Sequence[Run], held: Run, batch: int)
     samples: list[Sample] = []
     for r in train:
         samples += r.samples or [_sample(strategy, r, batch)]
-    model = ModelChoice()(samples, strategy, batch)
+    model = ModelChoice(bottleneck_params=params)(samples, strategy, batch)
     w, wc, p, pc = nodes(held.config)
     return float(model.predict(w, p, wc, pc).throughput_sps)
 
@@ -272,12 +278,15 @@ def calibrate(strategy: str, train: Sequence[Run], batch: int) -> tuple[Any, flo
     return _truth(best.x, strategy), fixed
 
 
-def leave_one_out(strategy: str, runs: Sequence[Run], batch: int) -> list[dict[str, Any]]:
+def leave_one_out(
+    strategy: str, runs: Sequence[Run], batch: int, params: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """``params``: the bottleneck form's prior centres over its defaults (``--ps-fanout``)."""
     rows = []
     for i, held in enumerate(runs):
         train = [r for j, r in enumerate(runs) if j != i]
         try:
-            pred = model_prediction(strategy, train, held, batch)
+            pred = model_prediction(strategy, train, held, batch, params)
         except Exception as e:  # a model that cannot fit: reported, not hidden
             pred = math.nan
             print(f"  model failed leaving out {held.config}: {e}", file=sys.stderr)
@@ -311,14 +320,14 @@ def _summary(rows: Sequence[dict[str, Any]], key: str) -> dict[str, float]:
     }
 
 
-def rescore(path: Path, strategies: Sequence[str]) -> int:
+def rescore(path: Path, strategies: Sequence[str], params: dict[str, float]) -> int:
     from dlrover_core.spec import load_spec
 
     d = json.loads(path.read_text())
     for strategy in strategies:
         batch = load_spec(str(SPECS[strategy])).training.batch_size
         runs = [r for r in stored_runs(d, strategy, batch) if r.state == "succeeded"]
-        table = leave_one_out(strategy, runs, batch)
+        table = leave_one_out(strategy, runs, batch, params)
         m, s = _summary(table, "model_error"), _summary(table, "sim_jct_error")
         for t in table:
             print(f"{strategy} {tuple(t['config'])!s:>22} model {t['model_error']:>+7.1%} "
@@ -345,11 +354,20 @@ def main(argv: list[str] | None = None) -> int:
         help="score the model and the simulator again on the runs a --json file kept (no job "
         "runs: a model change judged on the same measurements)",
     )
+    ap.add_argument(
+        "--ps-fanout",
+        type=float,
+        default=0.0,
+        help="the bottleneck form's per-PS worker cost prior (PSBottleneckThroughputModel "
+        "ps_fanout; 0: the default form, without the term)",
+    )
     a = ap.parse_args(argv)
     from dlrover_core.spec import load_spec
 
+    params = {"ps_fanout": a.ps_fanout} if a.ps_fanout > 0 else {}
+
     if a.rescore:
-        return rescore(a.rescore, a.strategies.split(","))
+        return rescore(a.rescore, a.strategies.split(","), params)
 
     out: dict[str, Any] = {"cpu_limit": "quota (CFS)", "machine_cores": 2}
     with tempfile.TemporaryDirectory(prefix="sim-to-real-") as tmp:
@@ -384,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             ]  # fmt: skip
             repeat_err = repeat_error(each.values())
             ok = [r for r in runs if r.state == "succeeded" and math.isfinite(r.throughput)]
-            table = leave_one_out(strategy, ok, batch)
+            table = leave_one_out(strategy, ok, batch, params)
             out[strategy] = {
                 "rows": rows,
                 "runs": [

@@ -126,8 +126,10 @@ def linear_predicts_better(
     ``samples``, which warm-starts the folds' fits): mean errors over the configurations
     both can predict, by ``SELECT_MAX_RATIO`` and ``SELECT_MIN_GAIN``."""
 
+    params = {**bottleneck.params(), "batch_size": batch_size}
+
     def fit_bottleneck(s: Sequence[Sample]) -> ThroughputModel:
-        return PSBottleneckThroughputModel(batch_size=batch_size).fit(s, start=bottleneck)
+        return PSBottleneckThroughputModel(**params).fit(s, start=bottleneck)
 
     def fit_base(s: Sequence[Sample]) -> ThroughputModel:
         return _baseline_ps_model(s, batch_size)
@@ -208,10 +210,15 @@ class ModelChoice:
     its previous fit (a few solver steps instead of two cold starts of tens: what keeps a plan
     under 10 ms). One per planner (per job)."""
 
-    def __init__(self, form: str = "bottleneck") -> None:
+    def __init__(
+        self, form: str = "bottleneck", bottleneck_params: Mapping[str, float] | None = None
+    ) -> None:
+        """``bottleneck_params``: the bottleneck form's prior centres and widths over its
+        defaults (:class:`PSBottleneckThroughputModel`'s keyword arguments)."""
         if form not in THROUGHPUT_FORMS:
             raise ValueError(f"throughput form {form!r}: use one of {THROUGHPUT_FORMS}")
         self.form = form
+        self.bottleneck_params = dict(bottleneck_params or {})
         self._configs: frozenset[tuple[int, int, float, float]] | None = None
         self._overlap = False
         self._last_overlap: PSOverlapThroughputModel | None = None
@@ -234,9 +241,9 @@ class ModelChoice:
         self, samples: Sequence[Sample], batch_size: int
     ) -> PSBottleneckThroughputModel:
         """Refitted from the previous fit (a few solver steps)."""
-        bottleneck = PSBottleneckThroughputModel(batch_size=batch_size).fit(
-            samples, start=self._last_bottleneck
-        )
+        bottleneck = PSBottleneckThroughputModel(
+            batch_size=batch_size, **self.bottleneck_params
+        ).fit(samples, start=self._last_bottleneck)
         self._last_bottleneck = bottleneck
         return bottleneck
 

@@ -1194,7 +1194,8 @@ class AllReduceThroughputModel(_LinearThroughputModel):
 #
 # The form: a step waits on three stages, each a rate in samples/s::
 #
-#     X_worker  = w · r · e(λw; κw, ow)            (w workers, λw cores each)
+#     X_worker  = w · r · e(λw; κw, ow) / (1 + φ·(p − 1))
+#                                                   (w workers, λw cores each; φ: see below)
 #     X_ps      = ρp · r · e(λp; κp, op) · p^β     (p PS, λp cores each, hottest shard p^-β)
 #     X_network = ρn · r · p^β                      (the hottest PS's link)
 #     X         = (X_worker^-γ + X_ps^-γ + X_network^-γ)^(-1/γ)
@@ -1209,6 +1210,10 @@ class AllReduceThroughputModel(_LinearThroughputModel):
 #   IDs).
 # * ``γ``: the overlap exponent of Pollux (OSDI'21): large, the slowest stage alone sets the
 #   pace; 1, the stages add up.
+# * ``φ`` (``ps_fanout``, off unless its prior centre is > 0): the share of a worker's step
+#   that each further PS adds (one more lookup and one more push a step, each with its fixed
+#   RPC cost). Measured on this repository's runtime (benchmarks/sim_to_real.py): one worker
+#   of 0.5 CPU trains 39k samples/s against one PS and 27k against two.
 #
 # Fitting is a maximum a posteriori estimate: least squares on log throughput (one row per
 # configuration, weighted by its replicates) plus one row per parameter for its prior
@@ -1234,6 +1239,7 @@ _BOTTLENECK_PARAMS = (
     "overlap",
 )
 _BOTTLENECK_LOG = (True, True, True, True, True, False, True)  # fitted in log space (β is not)
+_FANOUT_LOG_STD = 1.0  # the prior's width of log φ (when the term is on)
 _BOTTLENECK_Z = 1.96  # ~95 % band
 
 
@@ -1265,8 +1271,14 @@ class PSBottleneckThroughputModel(PSThroughputModel):
         worker_overhead_cores: float = 1.0,
         ps_overhead_cores: float = 0.75,
         noise_rel_std: float = 0.05,
+        ps_fanout: float = 0.0,
     ) -> None:
         super().__init__(batch_size=batch_size, prior_rel_std=prior_rel_std)
+        if not (math.isfinite(ps_fanout) and ps_fanout >= 0):
+            raise InputError(f"ps_fanout={ps_fanout!r} must be >= 0 (0: no per-PS worker cost)")
+        self.ps_fanout = ps_fanout
+        self._names = _BOTTLENECK_PARAMS + (("ps_fanout",) if ps_fanout > 0 else ())
+        self._logs = _BOTTLENECK_LOG + ((True,) if ps_fanout > 0 else ())
         for name, v in (
             ("worker_core_cap", worker_core_cap),
             ("ps_core_cap", ps_core_cap),
@@ -1299,10 +1311,12 @@ class PSBottleneckThroughputModel(PSThroughputModel):
     def _log_x(
         self, th: FloatArray, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray
     ) -> FloatArray:
-        lr, lrp, lrn, lkw, lkp, beta, lg = (float(v) for v in th)
+        lr, lrp, lrn, lkw, lkp, beta, lg = (float(v) for v in th[:7])
         g = math.exp(lg)
         spread = np.asarray(p, dtype=np.float64) ** beta
         xw = w * effective_cores(lw, math.exp(lkw), self.worker_overhead_cores)
+        if len(th) > 7:  # the per-PS worker cost
+            xw = xw / (1.0 + math.exp(float(th[7])) * (np.asarray(p, dtype=np.float64) - 1.0))
         xp = effective_cores(lp, math.exp(lkp), self.ps_overhead_cores) * math.exp(lrp) * spread
         xn = math.exp(lrn) * spread
         # log X = log r − log(Σ X_i^−γ)/γ, each stage powered on its own (broadcast) shape
@@ -1324,6 +1338,8 @@ class PSBottleneckThroughputModel(PSThroughputModel):
             ]
         )
         s = np.array([0.0, 1.0, 1.5, self.core_cap_log_std, self.core_cap_log_std, 0.2, 0.3])
+        if self.ps_fanout > 0:
+            m, s = np.r_[m, math.log(self.ps_fanout)], np.r_[s, _FANOUT_LOG_STD]
         return m, s
 
     # ----------------------------------------------------------------- fit
@@ -1352,7 +1368,7 @@ class PSBottleneckThroughputModel(PSThroughputModel):
         pm = pm.copy()
         th0 = pm.copy()
         th0[0] = float(np.max(y - np.log(w * effective_cores(lw, 5.0, 1.0))))
-        if start is not None and hasattr(start, "coef_array_"):
+        if start is not None and len(getattr(start, "coef_array_", ())) == len(th0):
             th0 = np.array(start.coef_array_, dtype=np.float64)
 
         def residuals(th: FloatArray) -> FloatArray:
@@ -1383,7 +1399,7 @@ class PSBottleneckThroughputModel(PSThroughputModel):
         bs = rows[:, 4]
         known = bs[~np.isnan(bs)]
         self.default_batch_size_ = int(known[0]) if known.size else self.batch_size
-        self.identified_ = _BOTTLENECK_PARAMS
+        self.identified_ = self._names
         self.full_rank_ = True
         self.fixed_inputs_: dict[str, float] = {}
         _, self.ranges_ = self._span(rows)
@@ -1411,9 +1427,7 @@ class PSBottleneckThroughputModel(PSThroughputModel):
         self._check_fitted()
         return {
             n: (math.exp(v) if lg else v)
-            for n, v, lg in zip(
-                _BOTTLENECK_PARAMS, self.coef_array_.tolist(), _BOTTLENECK_LOG, strict=True
-            )
+            for n, v, lg in zip(self._names, self.coef_array_.tolist(), self._logs, strict=True)
         }
 
     def trustworthy(self, max_rel_error: float = 0.15) -> bool:
@@ -1503,7 +1517,8 @@ class PSBottleneckThroughputModel(PSThroughputModel):
         return np.asarray(np.broadcast_to(x, shape), dtype=np.float64).copy()
 
     # ----------------------------------------------------------------- (de)serialise
-    def _params(self) -> dict[str, Any]:
+    def params(self) -> dict[str, Any]:
+        """The constructor's arguments: a model like this one, unfitted, is ``cls(**params)``."""
         c = self.prior_centre
         return {
             "batch_size": self.batch_size,
@@ -1518,10 +1533,11 @@ class PSBottleneckThroughputModel(PSThroughputModel):
             "worker_overhead_cores": self.worker_overhead_cores,
             "ps_overhead_cores": self.ps_overhead_cores,
             "noise_rel_std": self.noise_rel_std,
+            "ps_fanout": self.ps_fanout,
         }
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind, "version": 1, "params": self._params(),
+        d: dict[str, Any] = {"kind": self.kind, "version": 1, "params": self.params(),
                              "fitted": None}  # fmt: skip
         if hasattr(self, "coef_array_"):
             d["fitted"] = {
@@ -1549,7 +1565,7 @@ class PSBottleneckThroughputModel(PSThroughputModel):
             f = d.get("fitted")
             if f is not None:
                 model.coef_array_ = np.array([float(v) for v in f["theta"]], dtype=np.float64)
-                k = len(_BOTTLENECK_PARAMS)
+                k = len(model._names)
                 if model.coef_array_.shape != (k,):
                     raise ValueError(f"theta has {model.coef_array_.size} values, not {k}")
                 model.cov_ = np.array(f["cov"], dtype=np.float64).reshape(k, k)
@@ -1559,7 +1575,7 @@ class PSBottleneckThroughputModel(PSThroughputModel):
                 model.n_configs_ = model.dof_ = int(f["n_configs"])
                 model.relative_error_ = float(f["relative_error"])
                 model.default_batch_size_ = int(f["default_batch_size"])
-                model.identified_ = _BOTTLENECK_PARAMS
+                model.identified_ = model._names
                 model.full_rank_ = True
                 model.fixed_inputs_ = {}
                 model.ranges_ = {

@@ -126,3 +126,33 @@ def test_bad_input_is_refused_with_the_field_named() -> None:
     with pytest.raises(InputError, match="workers"):
         m.predict(0, 1, 2.0, 2.0)
     assert not math.isnan(m.predict(3, 2, 1.0, 1.0).lower_sps)
+
+
+def fanout_form(w: float, p: float, lw: float, lp: float, phi: float = 0.4) -> float:
+    """``own_form`` whose workers pay ``phi`` of a step for every PS past the first (one more
+    lookup and push a step): the worker stage divided by 1 + phi·(p − 1)."""
+    r, rp, rn, kw, kp, beta, g = TRUE
+    xw = w * float(effective_cores(lw, kw, 1.0)) * r / (1.0 + phi * (p - 1.0))
+    xp = float(effective_cores(lp, kp, 0.75)) * rp * r * p**beta
+    xn = rn * r * p**beta
+    return float((xw**-g + xp**-g + xn**-g) ** (-1.0 / g))
+
+
+def test_the_per_ps_worker_cost_is_off_by_default_and_fitted_when_on(tmp_path) -> None:
+    """Off (``ps_fanout`` 0) the form and its seven parameters are what they were; on, the
+    fit recovers the cost from configurations that vary the PS count and predicts a PS count
+    it never saw, where the form without it is far off. Round-trips through JSON."""
+    train = [c for c in GRID if c[1] in (1, 2)]
+    s = samples_of(train, truth=fanout_form, noise=0.02)
+    off = PSBottleneckThroughputModel(batch_size=B).fit(s)
+    assert "ps_fanout" not in off.coef_ and len(off.coef_array_) == 7
+    on = PSBottleneckThroughputModel(batch_size=B, ps_fanout=0.1).fit(s)
+    assert on.coef_["ps_fanout"] == pytest.approx(0.4, rel=0.25)
+    unseen = (4, 6, 2.0, 12.0)  # six PS: a worker-bound configuration the train never had
+    truth = fanout_form(*unseen)
+    assert on.predict(*unseen).throughput_sps == pytest.approx(truth, rel=0.08)
+    assert abs(off.predict(*unseen).throughput_sps / truth - 1.0) > 0.3
+    back = model_from_dict(json.loads(json.dumps(on.to_dict())))
+    assert back.predict(*unseen).throughput_sps == pytest.approx(on.predict(*unseen).throughput_sps)
+    with pytest.raises(InputError, match="ps_fanout"):
+        PSBottleneckThroughputModel(ps_fanout=-1.0)
