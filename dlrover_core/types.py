@@ -297,6 +297,15 @@ class Observation:
     def of(self, role: Role, state: NodeState | None = NodeState.RUNNING) -> list[NodeObservation]:
         return [n for n in self.nodes if n.role is role and (state is None or n.state is state)]
 
+    def settled(self, settle_s: float, role: Role | None = None) -> bool:
+        """Every running node (of ``role``; None: of every role) had run ``settle_s`` at this
+        instant: past its start-up (imports, a checkpoint restore), so its use is its load."""
+        return all(
+            self.time_s - n.state_since_s >= settle_s
+            for n in self.nodes
+            if n.state is NodeState.RUNNING and (role is None or n.role is role)
+        )
+
     @property
     def progress(self) -> float:
         return self.samples_done / self.samples_total if self.samples_total else 0.0

@@ -1239,6 +1239,7 @@ _BOTTLENECK_PARAMS = (
     "overlap",
 )
 _BOTTLENECK_LOG = (True, True, True, True, True, False, True)  # fitted in log space (β is not)
+_N_BASE = len(_BOTTLENECK_PARAMS)  # the form without φ; φ, when on, comes after them
 _FANOUT_LOG_STD = 1.0  # the prior's width of log φ (when the term is on)
 _BOTTLENECK_Z = 1.96  # ~95 % band
 
@@ -1311,12 +1312,13 @@ class PSBottleneckThroughputModel(PSThroughputModel):
     def _log_x(
         self, th: FloatArray, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray
     ) -> FloatArray:
-        lr, lrp, lrn, lkw, lkp, beta, lg = (float(v) for v in th[:7])
+        lr, lrp, lrn, lkw, lkp, beta, lg = (float(v) for v in th[:_N_BASE])
         g = math.exp(lg)
-        spread = np.asarray(p, dtype=np.float64) ** beta
+        p = np.asarray(p, dtype=np.float64)
+        spread = p**beta
         xw = w * effective_cores(lw, math.exp(lkw), self.worker_overhead_cores)
-        if len(th) > 7:  # the per-PS worker cost
-            xw = xw / (1.0 + math.exp(float(th[7])) * (np.asarray(p, dtype=np.float64) - 1.0))
+        if len(th) > _N_BASE:  # the per-PS worker cost (ps_fanout)
+            xw = xw / (1.0 + math.exp(float(th[_N_BASE])) * (p - 1.0))
         xp = effective_cores(lp, math.exp(lkp), self.ps_overhead_cores) * math.exp(lrp) * spread
         xn = math.exp(lrn) * spread
         # log X = log r − log(Σ X_i^−γ)/γ, each stage powered on its own (broadcast) shape

@@ -61,12 +61,10 @@ class ObservedMemory:
         were, which is not growth)."""
         ps: list[int] = []
         w: list[int] = []
-        settled = True
         for n in o.nodes:
             if n.state is NodeState.RUNNING:
                 if n.role is Role.PS:
                     ps.append(n.memory_used_mib)
-                    settled = settled and o.time_s - n.state_since_s >= settle_s
                 elif n.role is Role.WORKER:
                     w.append(n.memory_used_mib)
         return cls(
@@ -76,7 +74,7 @@ class ObservedMemory:
             tuple(ps),
             max(w) if w else None,
             min(w) if w else None,
-            settled,
+            o.settled(settle_s, Role.PS),
         )
 
 

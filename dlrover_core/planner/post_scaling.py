@@ -47,11 +47,7 @@ def _steady(
     load waits on it. Without this a PS relaunched by a memory raise read as hot while it
     restored its checkpoint, so one resumed run made three plans."""
     window = _recent(observations, since_s, cfg.hot_window)
-    settle, running = cfg.worker_stable_s, NodeState.RUNNING
-    for o in window:
-        if any(o.time_s - n.state_since_s < settle for n in o.nodes if n.state is running):
-            return []
-    return window
+    return window if all(o.settled(cfg.worker_stable_s) for o in window) else []
 
 
 def _persistent(window: Sequence[Observation], role: Role, pred: object) -> list[int]:
