@@ -37,6 +37,7 @@ _ORACLE_W = np.array(
     dtype=np.float64,
 )
 _ORACLE_P = np.array([*list(range(1, 17)), 20, 24, 32], dtype=np.float64)
+ORACLE_MAX_PS = int(_ORACLE_P.max())  # the most PS the oracle may choose
 _ORACLE_CPU = np.array([1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32], dtype=np.float64)
 # allocated cores of every grid configuration, (W, Lw, P, Lp): the same for every job
 _ORACLE_CORES = (_ORACLE_W[:, None] * _ORACLE_CPU[None, :])[:, :, None, None] + (

@@ -205,3 +205,21 @@ def test_allreduce_truth_is_lockstep_compute_bounded_by_the_exchange() -> None:
     slow = dataclasses.replace(t, sync_hop_s=1.0)
     cap = 4 * 256 / (2 * 3 * 1.0)  # the exchange alone: rows per step / its seconds
     assert slow.allreduce_throughput(4, 16.0, 256) < cap
+
+
+def test_a_simulated_jobs_spec_lets_the_planner_reach_the_oracles_configuration() -> None:
+    """The spec the simulator writes for a job bounds what the planner may choose: it must
+    reach every configuration the oracle may pick (it capped PS at 15, and a quarter of the
+    jobs had an oracle configuration of 16-32 PS)."""
+    from dlrover_core.planner.bounds import JobBounds
+    from dlrover_core.sim import truth as T
+    from dlrover_core.sim.engine import job_view
+    from dlrover_core.sim.spec_bridge import job_view_to_spec
+
+    jobs = _trace(300, 1)
+    oracle_ps = [j.truth.oracle_config(j.quota.cpu_cores, j.quota.memory_mib).ps for j in jobs]
+    assert max(oracle_ps) > 15  # the trace needs more than the old cap
+    for j in jobs[:20]:
+        b = JobBounds.from_spec(job_view_to_spec(job_view(j)))
+        assert b.ps.max_count >= int(T._ORACLE_P.max())
+        assert b.workers.max_count >= int(T._ORACLE_W.max())
