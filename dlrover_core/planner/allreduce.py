@@ -66,6 +66,7 @@ __all__ = [
     "allreduce_plan",
     "allreduce_post_scale",
     "allreduce_scale",
+    "rank_ladder",
     "rank_memory_need_mib",
     "resize_pays",
 ]
@@ -92,6 +93,28 @@ def allreduce_plan(
         predicted_throughput_sps=predicted_sps,
         overrides=tuple(overrides),
     )
+
+
+def rank_ladder(
+    base: ResourcePlan, cpu_levels_millicores: Sequence[int] = _CPU_LEVELS
+) -> list[tuple[RolePlan, RolePlan, str]]:
+    """The profile trials of an all-reduce job after ``base`` (w ranks × c CPU): the same
+    ranks at a quarter of the CPU (the CPU term and where the ranks stop gaining from cores),
+    then 4w and 8w ranks at that CPU (the exchange, which grows with the ranks), then 2w at
+    both CPUs. The moves a PS job samples from its first plan (one more worker, twice the
+    CPU) measured 1-3 ranks at 16-32 CPU: nothing of the exchange the planner then
+    extrapolated to 57 ranks (simulator, issue 33 item 3)."""
+    w, r = base.workers.count, base.workers.resources
+    low_target = max(1000, r.cpu_millicores // 4)
+    low = max([c for c in cpu_levels_millicores if c <= low_target], default=low_target)
+    at_low = NodeResources(low, r.memory_mib)
+    return [
+        (RolePlan(w, at_low), NO_PS, "the ranks at a quarter of the CPU"),
+        (RolePlan(4 * w, at_low), NO_PS, "four times the ranks at that CPU"),
+        (RolePlan(8 * w, at_low), NO_PS, "eight times the ranks at that CPU"),
+        (RolePlan(2 * w, at_low), NO_PS, "twice the ranks at that CPU"),
+        (RolePlan(2 * w, r), NO_PS, "twice the ranks"),
+    ]
 
 
 def rank_memory_need_mib(
@@ -188,6 +211,7 @@ def allreduce_scale(
     max_step: int = 8,
     cpu_levels_millicores: Sequence[int] = _CPU_LEVELS,
     measured: Mapping[tuple[int, int], float] | None = None,
+    max_cpu_millicores: int | None = None,
 ) -> ScaleDecision:
     """The best (ranks, CPU per rank) on the fitted model, and whether to move there now.
 
@@ -208,6 +232,9 @@ def allreduce_scale(
         if w_c.cpu_millicores is not None
         else [c for c in cpu_levels_millicores if c <= w_c.max_cpu_millicores]
     )
+    if max_cpu_millicores is not None and w_c.cpu_millicores is None:
+        # the ranks use well under their CPU: no more than they use (DLRover's rule)
+        cpus = [c for c in cpus if c <= max_cpu_millicores] or cpus[:1]
     configs: list[tuple[int, int, int]] = []
     for w in range(max(1, lo), hi + 1):
         need = math.ceil(rank_memory_need_mib(spec, w, options))

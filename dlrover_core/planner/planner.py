@@ -26,7 +26,12 @@ from dlrover_core.model.throughput import (
     ThroughputModel,
 )
 from dlrover_core.planner import scaling
-from dlrover_core.planner.allreduce import ResizeCost, allreduce_post_scale, allreduce_scale
+from dlrover_core.planner.allreduce import (
+    ResizeCost,
+    allreduce_post_scale,
+    allreduce_scale,
+    rank_ladder,
+)
 from dlrover_core.planner.bounds import JobBounds, ceil_mib, round_up_level
 from dlrover_core.planner.config import PlannerConfig
 from dlrover_core.planner.memory_sizing import (
@@ -48,6 +53,7 @@ from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     HistoryRecord,
     NodeResources,
+    NodeState,
     Observation,
     ResourcePlan,
     Role,
@@ -266,10 +272,16 @@ class Planner:
 
     def trial_plans(self, base: ResourcePlan, n: int) -> list[ResourcePlan]:
         """``base`` and the sampling moves from it, distinct and inside the bounds and the
-        quota, ``n`` in all at most: the trials of a profile step (one input at a time)."""
+        quota, ``n`` in all at most: the trials of a profile step (one input at a time; an
+        all-reduce job's rank ladder, :func:`~dlrover_core.planner.allreduce.rank_ladder`)."""
         plans = [base]
         seen = {scaling.plan_key(base)}
-        for w, p, what in scaling.sampling_candidates(base, self.bounds, self.config, ()):
+        moves = (
+            scaling.sampling_candidates(base, self.bounds, self.config, ())
+            if self.spec.strategy_kind.has_ps
+            else rank_ladder(base, self.config.cpu_levels_millicores)
+        )
+        for w, p, what in moves:
             if self.bounds.over_quota(w, p):  # a trial squeezed into the quota: not this move
                 continue
             w2, p2, _ = self.bounds.fit(w, p)
@@ -373,6 +385,7 @@ class Planner:
             min_elasticity=cfg.min_elasticity,
             memory_gib_per_core=cfg.memory_gib_per_core,
             measured={(k[0], k[2]): v for k, v in _steady_speeds(samples).items()},
+            max_cpu_millicores=_rank_cpu_cap(obs, current, cfg),
         )
         return PlanDecision(d.plan, (d.reason,), model)
 
@@ -1303,6 +1316,20 @@ def _steady_speeds(samples: Sequence[Sample]) -> dict[scaling.ConfigKey, float]:
 
 def _mean_tput(samples: Sequence[Sample]) -> float | None:
     return sum(s.throughput_sps for s in samples) / len(samples) if samples else None
+
+
+def _rank_cpu_cap(obs: Observation, current: ResourcePlan, cfg: PlannerConfig) -> int | None:
+    """The most CPU an all-reduce rank is given next, when the ranks use well under theirs
+    (mean use under ``idle_worker_cpu_util`` of it): what they use × ``warm_worker_cpu_margin``,
+    up to the next CPU level. None: no cap."""
+    ranks = [n for n in obs.of(Role.WORKER) if n.state is NodeState.RUNNING]
+    alloc = current.workers.resources.cpu_millicores
+    if not ranks or alloc <= 0:
+        return None
+    used = sum(n.cpu_used_millicores for n in ranks) / len(ranks)
+    if used <= 0 or used >= cfg.idle_worker_cpu_util * alloc:
+        return None
+    return round_up_level(used * cfg.warm_worker_cpu_margin, cfg.cpu_levels_millicores)
 
 
 def _previous_distinct(current: ResourcePlan, past: Sequence[ResourcePlan]) -> ResourcePlan | None:

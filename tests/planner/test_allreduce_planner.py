@@ -262,3 +262,63 @@ def test_the_planner_plans_all_reduce_jobs_with_its_own_model_objective_and_resi
     window = [Observation(t, tuple(ranks), x1) for t in (1.0, 2.0, 3.0)]
     d3 = planner.replan(three, window, samples, 4.0)
     assert d3.plan is not None and any(o.action == "relaunch" for o in d3.plan.overrides)
+
+
+def test_an_all_reduce_profile_is_a_rank_ladder_inside_the_quota() -> None:
+    """The profile trials of an all-reduce job vary the ranks over several counts at one CPU
+    (the exchange grows with the ranks) and the CPU at one count (the compute term), each
+    inside the quota; a PS job's moves (1-3 ranks at 16-32 CPU) measured nothing of the
+    exchange the planner then extrapolated far beyond."""
+    from dlrover_core.planner import Planner
+
+    spec = ar_spec(quota__cpu=64, quota__memory="256Gi", constraints__workers__max=32)
+    planner = Planner(spec)
+    base = allreduce_plan(1, NodeResources(16000, 8192), Stage.COLD_START)
+    trials = planner.trial_plans(base, 4)
+    got = [(t.workers.count, t.workers.resources.cpu_millicores) for t in trials]
+    assert got == [(1, 16000), (1, 4000), (4, 4000), (8, 4000)]
+    assert all(t.ps.count == 0 for t in trials)
+    # a small quota: the trials that do not fit are left out, the others stay
+    small = Planner(ar_spec(quota__cpu=16, quota__memory="256Gi", constraints__workers__max=32))
+    got = [
+        (t.workers.count, t.workers.resources.cpu_millicores)
+        for t in small.trial_plans(
+            allreduce_plan(1, NodeResources(8000, 8192), Stage.COLD_START), 6
+        )
+    ]
+    assert (1, 2000) in got and (4, 2000) in got and (8, 2000) in got
+    assert all(w * c <= 16000 for w, c in got)
+
+
+def test_ranks_that_use_well_under_their_cpu_are_not_planned_more() -> None:
+    """Stage 2 of an all-reduce job gives a rank no more CPU than the ranks use (× the warm
+    margin, up to a CPU level) when they use well under theirs: a comm-bound or
+    parallelism-capped rank waits, whatever the model's linear CPU term promises."""
+    from dlrover_core.planner import Planner
+
+    spec = ar_spec(
+        quota__cpu=64, quota__memory="256Gi", constraints__workers__max=8, data__rows=2_000_000_000
+    )
+    samples = []
+    for w in (1, 2, 3, 4, 6):
+        for lam in (1.0, 2.0, 4.0, 8.0):
+            t = 0.002 + 4e-5 * B / lam + 0.004 * (w - 1) / w + 0.0005 * (w - 1)
+            samples.append(Sample(w, 0, lam, 0.0, w * B / t, batch_size=B))
+    cur = allreduce_plan(4, NodeResources(8000, 2048), Stage.SCALING)
+    x = next(s.throughput_sps for s in samples if s.config == (4, 0, 8.0, 0.0))
+
+    def decide(used_millicores: int) -> Any:
+        nodes = tuple(
+            NodeObservation(
+                Role.WORKER, i, NodeState.RUNNING, cur.workers.resources, used_millicores
+            )
+            for i in range(4)
+        )
+        obs = [Observation(100.0, nodes, x, samples_done=10_000, samples_total=2_000_000_000)]
+        return Planner(spec).replan(cur, obs, samples, 100.0)
+
+    busy = decide(7600)  # 95 % busy: no cap, the model's choice
+    idle = decide(2000)  # 25 %: at most 2 CPU x 1.2 -> the 3-CPU level
+    assert idle.plan is not None, idle.notes
+    assert idle.plan.workers.resources.cpu_millicores <= 3000
+    assert busy.plan is None or busy.plan.workers.resources.cpu_millicores > 3000, busy.notes
