@@ -1321,11 +1321,12 @@ def _mean_tput(samples: Sequence[Sample]) -> float | None:
 def _rank_cpu_cap(obs: Observation, current: ResourcePlan, cfg: PlannerConfig) -> int | None:
     """The most CPU an all-reduce rank is given next, when the ranks use well under theirs
     (mean use under ``idle_worker_cpu_util`` of it): what they use × ``warm_worker_cpu_margin``,
-    up to the next CPU level. None: no cap, or a rank has not run ``worker_stable_s`` yet."""
+    up to the next CPU level. None: no cap, or a rank that does not train yet (no samples/s
+    of its own: still starting, restoring or in the rendezvous, it uses less than its load)."""
     ranks = [n for n in obs.of(Role.WORKER) if n.state is NodeState.RUNNING]
     alloc = current.workers.resources.cpu_millicores
-    if not ranks or alloc <= 0 or not obs.settled(cfg.worker_stable_s, Role.WORKER):
-        return None  # a rank still starting (imports, a restore) uses less than its load
+    if not ranks or alloc <= 0 or any(n.throughput_sps <= 0 for n in ranks):
+        return None
     used = sum(n.cpu_used_millicores for n in ranks) / len(ranks)
     if used <= 0 or used >= cfg.idle_worker_cpu_util * alloc:
         return None

@@ -307,7 +307,7 @@ def test_ranks_that_use_well_under_their_cpu_are_not_planned_more() -> None:
     cur = allreduce_plan(4, NodeResources(8000, 2048), Stage.SCALING)
     x = next(s.throughput_sps for s in samples if s.config == (4, 0, 8.0, 0.0))
 
-    def decide(used_millicores: int, since_s: float = 0.0) -> Any:
+    def decide(used_millicores: int, rank_sps: float = 1000.0) -> Any:
         nodes = tuple(
             NodeObservation(
                 Role.WORKER,
@@ -315,15 +315,16 @@ def test_ranks_that_use_well_under_their_cpu_are_not_planned_more() -> None:
                 NodeState.RUNNING,
                 cur.workers.resources,
                 used_millicores,
-                state_since_s=since_s,
+                throughput_sps=rank_sps,
             )
             for i in range(4)
         )
         obs = [Observation(100.0, nodes, x, samples_done=10_000, samples_total=2_000_000_000)]
         return Planner(spec).replan(cur, obs, samples, 100.0)
 
-    # ranks started 2 s ago (the spec's worker_stable_s: 5) use less than their load: no cap
-    starting = decide(2000, since_s=98.0)
+    # ranks that do not train yet (starting, restoring, in the rendezvous, or paused by a
+    # resize) use less than their load: no cap from them
+    starting = decide(2000, rank_sps=0.0)
     assert starting.plan is None or starting.plan.workers.resources.cpu_millicores > 3000
     busy = decide(7600)  # 95 % busy: no cap, the model's choice
     idle = decide(2000)  # 25 %: at most 2 CPU x 1.2 -> the 3-CPU level
