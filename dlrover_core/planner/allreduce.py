@@ -211,7 +211,6 @@ def allreduce_scale(
     max_step: int = 8,
     cpu_levels_millicores: Sequence[int] = _CPU_LEVELS,
     measured: Mapping[tuple[int, int], float] | None = None,
-    max_cpu_millicores: int | None = None,
 ) -> ScaleDecision:
     """The best (ranks, CPU per rank) on the fitted model, and whether to move there now.
 
@@ -232,9 +231,6 @@ def allreduce_scale(
         if w_c.cpu_millicores is not None
         else [c for c in cpu_levels_millicores if c <= w_c.max_cpu_millicores]
     )
-    if max_cpu_millicores is not None and w_c.cpu_millicores is None:
-        # the ranks use well under their CPU: no more than they use (DLRover's rule)
-        cpus = [c for c in cpus if c <= max_cpu_millicores] or cpus[:1]
     configs: list[tuple[int, int, int]] = []
     for w in range(max(1, lo), hi + 1):
         need = math.ceil(rank_memory_need_mib(spec, w, options))

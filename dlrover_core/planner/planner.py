@@ -53,7 +53,6 @@ from dlrover_core.spec import JobSpec
 from dlrover_core.types import (
     HistoryRecord,
     NodeResources,
-    NodeState,
     Observation,
     ResourcePlan,
     Role,
@@ -385,7 +384,6 @@ class Planner:
             min_elasticity=cfg.min_elasticity,
             memory_gib_per_core=cfg.memory_gib_per_core,
             measured={(k[0], k[2]): v for k, v in _steady_speeds(samples).items()},
-            max_cpu_millicores=_rank_cpu_cap(obs, current, cfg),
         )
         return PlanDecision(d.plan, (d.reason,), model)
 
@@ -1316,21 +1314,6 @@ def _steady_speeds(samples: Sequence[Sample]) -> dict[scaling.ConfigKey, float]:
 
 def _mean_tput(samples: Sequence[Sample]) -> float | None:
     return sum(s.throughput_sps for s in samples) / len(samples) if samples else None
-
-
-def _rank_cpu_cap(obs: Observation, current: ResourcePlan, cfg: PlannerConfig) -> int | None:
-    """The most CPU an all-reduce rank is given next, when the ranks use well under theirs
-    (mean use under ``idle_worker_cpu_util`` of it): what they use × ``warm_worker_cpu_margin``,
-    up to the next CPU level. None: no cap, or a rank that does not train yet (no samples/s
-    of its own: still starting, restoring or in the rendezvous, it uses less than its load)."""
-    ranks = [n for n in obs.of(Role.WORKER) if n.state is NodeState.RUNNING]
-    alloc = current.workers.resources.cpu_millicores
-    if not ranks or alloc <= 0 or any(n.throughput_sps <= 0 for n in ranks):
-        return None
-    used = sum(n.cpu_used_millicores for n in ranks) / len(ranks)
-    if used <= 0 or used >= cfg.idle_worker_cpu_util * alloc:
-        return None
-    return round_up_level(used * cfg.warm_worker_cpu_margin, cfg.cpu_levels_millicores)
 
 
 def _previous_distinct(current: ResourcePlan, past: Sequence[ResourcePlan]) -> ResourcePlan | None:
