@@ -375,15 +375,16 @@ class TrainingSpec(_Strict):
         description="compute threads of each worker or rank (torch intra-op, OMP, MKL); null: "
         "the node's whole cores (1.5 CPU: 1). Small models often train fastest on 1",
     )
-    # PS data plane: the first `dense_warmup` updates of a dense parameter ramp its lr up
+    # the first `dense_warmup` updates of a dense parameter (PS) or steps of a fresh group
+    # (all-reduce) ramp its lr up
     # linearly (Adagrad's first steps are lr·sign(g) on every weight; without it they switch
     # the bottom MLP's ReLU outputs off for good in a few runs in a hundred: docs/decisions.md)
     dense_warmup: int = Field(
         default=100,
         ge=0,
         le=1_000_000,
-        description="PS, adagrad/adam: dense updates over which the dense lr ramps up "
-        "linearly (0: none)",
+        description="dense updates (PS, adagrad/adam) or steps of a fresh all-reduce group "
+        "over which the dense lr ramps up linearly (0: none)",
     )
 
     @field_validator("steps")

@@ -463,6 +463,10 @@ class RankAgent:
                 "rank must mount the same checkpoint directory"
             )
         if latest is None:
+            # a fresh group meets a fresh optimizer, whose first dense update is lr·sign(g)
+            # on every weight: ramp the dense lr up, as the PS does and for its reason
+            # (training.dense_warmup; docs/decisions.md)
+            trainer.warm_up_dense(self.spec.training.dense_warmup)
             self._start_from_parent(trainer)
         else:
             state = trainer.state_dict()
@@ -545,7 +549,8 @@ class RankAgent:
     def _start_from_parent(self, trainer: Any) -> None:
         """A first group of a run with ``training.init_from``: rank 0 fills a fresh model
         from the parent (:mod:`dlrover_core.training.carry`) and writes it where every rank
-        loads it (resharded to this group's plan); the optimizer starts afresh."""
+        loads it (resharded to this group's plan); the optimizer starts afresh (its dense lr
+        ramped up by the caller, as for any fresh group)."""
         from dlrover_core.training.carry import ParentTables, fill_local_state, parent_path
 
         src = parent_path(self.args.run_dir)
@@ -572,7 +577,6 @@ class RankAgent:
         state = {"model": trainer.model.state_dict()}
         load_into(state, init_dir)
         trainer.model.load_state_dict(state["model"])
-        trainer.warm_up_dense(self.spec.training.dense_warmup)
         self._event("started_from_parent")
 
     def _decide(self, stop: bool, pending: bool, due: bool) -> tuple[int, list[Shard]]:

@@ -202,14 +202,14 @@ class RankTrainer:
         self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
         self._dense_opt = dense
         self._lr = lr
-        self.dense_warmup = 0  # steps over which the dense lr ramps up (set for a warm start)
+        self.dense_warmup = 0  # steps over which the dense lr ramps up (set for a fresh group)
         self.steps = 0
         self.samples = 0
 
     def warm_up_dense(self, steps: int) -> None:
         """Ramp the dense lr up linearly over the next ``steps`` steps (as the PS does with
-        ``training.dense_warmup``): a model carried forward meets a fresh Adagrad, whose first
-        update is ``lr·sign(g)`` on every weight of the trained tower."""
+        ``training.dense_warmup``): a fresh group, new or carried forward, meets a fresh
+        Adagrad, whose first update is ``lr·sign(g)`` on every dense weight."""
         self.dense_warmup = max(0, int(steps))
         self._warmup_from = self.steps
 
