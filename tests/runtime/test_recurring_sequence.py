@@ -146,9 +146,14 @@ def test_six_days_on_one_history(tmp_path: Path, store: str) -> None:
     r3 = d.train("ar", 3, ROWS, runs[3])
     check_once(r3, runs[3])
     assert r3["init_from"]["model"] == r2["model_dir"] and r3["init_from"]["strategy"] == "ps"
-    # the PS runs' sizes and samples did not drive the all-reduce job
-    assert r3["plans"][0]["stage"] == "cold_start", r3["plans"][0]
-    assert any("strategy ps not used" in x for x in r3["plans"][0]["reasons"])
+    # the PS runs' sizes and samples did not drive the all-reduce job: it starts cold and
+    # says why, or, where the history is shared (CI's PostgreSQL keeps earlier runs), from
+    # the runs of similar all-reduce jobs (similar jobs must share the strategy)
+    first = r3["plans"][0]
+    if first["stage"] == "cold_start":
+        assert any("strategy ps not used" in x for x in first["reasons"]), first
+    else:
+        assert first["reasons"][0].startswith("similar-job prior"), first
     assert r3["planner_errors"] == []
 
     r4 = d.interrupted("ps", 4, runs[4], signal.SIGTERM)
