@@ -376,9 +376,9 @@ class TrainingSpec(_Strict):
         "the node's whole cores (1.5 CPU: 1). Small models often train fastest on 1",
     )
     # the first `dense_warmup` updates of a dense parameter (PS) or steps of a fresh group
-    # (all-reduce) ramp its lr up
-    # linearly (Adagrad's first steps are lr·sign(g) on every weight; without it they switch
-    # the bottom MLP's ReLU outputs off for good in a few runs in a hundred: docs/decisions.md)
+    # (all-reduce) ramp its lr up linearly (Adagrad's first steps are lr·sign(g) on every
+    # weight; without it they switch the bottom MLP's ReLU outputs off for good in a few runs
+    # in a hundred: docs/decisions.md)
     dense_warmup: int = Field(
         default=100,
         ge=0,

@@ -221,5 +221,5 @@ def test_a_simulated_jobs_spec_lets_the_planner_reach_the_oracles_configuration(
     assert max(oracle_ps) > 15  # the trace needs more than the old cap
     for j in jobs[:20]:
         b = JobBounds.from_spec(job_view_to_spec(job_view(j)))
-        assert b.ps.max_count >= int(T._ORACLE_P.max())
+        assert b.ps.max_count >= T.ORACLE_MAX_PS
         assert b.workers.max_count >= int(T._ORACLE_W.max())
